@@ -1,0 +1,104 @@
+"""Typed decoding configs loaded from YAML with strict validation (an unknown key is an error)."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .draft.shape import TreeShape
+
+__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
+
+DRAFTERS = ("none", "self", "ngram")
+ATTENTION = ("auto", "triton", "reference")
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the offending key."""
+
+
+@dataclass
+class DrafterConfig:
+    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram."""
+
+    type: str = "none"
+    sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
+    max_ngram: int = 3
+    min_ngram: int = 1
+    branches: int = 1  # ngram: distinct continuations kept as tree branches
+
+
+@dataclass
+class DecodeConfig:
+    name: str = "plain"
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    tree: TreeShape = field(default_factory=TreeShape)
+    attention: str = "auto"  # auto: Triton kernel on CUDA, SDPA reference elsewhere
+
+    def validate(self) -> None:
+        if self.drafter.type not in DRAFTERS:
+            raise ConfigError(f"drafter.type must be one of {DRAFTERS}, got '{self.drafter.type}'")
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"attention must be one of {ATTENTION}, got '{self.attention}'")
+        if self.drafter.type == "ngram":
+            d = self.drafter
+            if not 1 <= d.min_ngram <= d.max_ngram:
+                raise ConfigError("drafter needs 1 <= min_ngram <= max_ngram")
+            if d.branches < 1:
+                raise ConfigError("drafter.branches must be >= 1")
+        try:
+            self.tree.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check(value, hint, where: str):
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where + ".")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"'{where}' must be a list, got {type(value).__name__}")
+        (inner,) = typing.get_args(hint) or (typing.Any,)
+        return [_check(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+            raise ConfigError(f"'{where}' must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, data, where: str = ""):
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{where.rstrip('.') or 'config'}' must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"unknown key '{where}{key}' (allowed: {', '.join(sorted(names))})")
+    return cls(**{k: _check(v, hints[k], where + k) for k, v in data.items()})
+
+
+def load_config(path: str | Path) -> DecodeConfig:
+    """Load and validate a decoding config; the name defaults to the file's stem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    data = {} if data is None else data
+    try:
+        if isinstance(data, dict):
+            data.setdefault("name", path.stem)
+        cfg = from_dict(DecodeConfig, data)
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg

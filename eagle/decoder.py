@@ -1,0 +1,205 @@
+"""``TreeDecoder``: draft a tree, verify it with ONE target forward, commit the accepted branch.
+
+Plain decoding is the same loop with a one-node tree, so a speedup always compares like with like.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .draft import build_drafter
+from .draft.base import Drafter, NoDrafter, Sampling
+from .target import Target
+from .verify import probs_from_logits, verify
+
+__all__ = ["TreeDecoder", "DecodeStats", "GenerationResult"]
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation. tau counts decode-phase tokens (the first token comes from the
+    prefill forward) per tree-verification forward."""
+
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_forwards: int = 0  # tree-verification forwards (the prefill forward is not counted)
+    tree_nodes: int = 0  # nodes verified in total
+    accepted_hist: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafted tokens
+    depth_tried: list[int] = field(default_factory=list)  # [d-1] = steps whose tree reached depth d
+    depth_accepted: list[int] = field(default_factory=list)  # [d-1] = ... and accepted a token at depth d
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward in the decode phase."""
+        return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 1.0
+
+    @property
+    def per_depth_acceptance(self) -> list[float]:
+        return [a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tried)]
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s + self.other_s
+
+    def record(self, tree_depth: int, accepted: int) -> None:
+        for lst, n in ((self.accepted_hist, accepted + 1), (self.depth_tried, tree_depth),
+                       (self.depth_accepted, tree_depth)):
+            lst.extend([0] * (n - len(lst)))
+        self.accepted_hist[accepted] += 1
+        for d in range(tree_depth):
+            self.depth_tried[d] += 1
+            if d < accepted:
+                self.depth_accepted[d] += 1
+
+    def merge(self, other: "DecodeStats") -> None:
+        for name in ("new_tokens", "prompt_tokens", "target_forwards", "tree_nodes", "prefill_s", "draft_s",
+                     "verify_s", "other_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("accepted_hist", "depth_tried", "depth_accepted"):
+            a, b = getattr(self, name), getattr(other, name)
+            a.extend([0] * (len(b) - len(a)))
+            for i, v in enumerate(b):
+                a[i] += v
+
+    def as_dict(self) -> dict:
+        return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards, "tau": self.tau,
+                "accepted_hist": self.accepted_hist, "per_depth_acceptance": self.per_depth_acceptance,
+                "mean_tree_nodes": self.tree_nodes / max(self.target_forwards, 1),
+                "time_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
+                           "bookkeeping": self.other_s}}
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # the new tokens only (EOS included when generation stopped on it)
+    stats: DecodeStats
+
+
+def _eos_set(model, eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        gen = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos_token_id is None:
+            eos_token_id = getattr(model.config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
+
+
+class TreeDecoder:
+    """Lossless speculative decoding with tree drafts.
+
+    Args:
+        model: an unmodified transformers causal LM, or an :class:`eagle.Target` wrapping one.
+        drafter: a :class:`eagle.draft.Drafter`; ``None`` = plain decoding through the same loop.
+        eos_token_id: int or list; defaults to the model's generation config.
+        attention: "auto" | "triton" | "reference" (ignored when ``model`` is already a Target).
+
+    Example::
+
+        dec = TreeDecoder.from_config(model, load_config("experiments/configs/self-draft.yaml"))
+        out = dec.generate(ids, max_new_tokens=64)
+        print(out.tokens, out.stats.tau)
+    """
+
+    def __init__(self, model, drafter: Drafter | None = None, eos_token_id=None, attention: str = "auto"):
+        self.target = model if isinstance(model, Target) else Target(model, attention)
+        self.drafter = drafter or NoDrafter()
+        self.eos = _eos_set(self.target.model, eos_token_id)
+
+    @classmethod
+    def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
+        """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`."""
+        target = model if isinstance(model, Target) else Target(model, config.attention)
+        return cls(target, build_drafter(config, target), eos_token_id)
+
+    def _pick(self, logits: torch.Tensor, sampling: Sampling) -> int:
+        if sampling.greedy:
+            return int(logits.argmax())
+        probs = probs_from_logits(logits, sampling.temperature, sampling.top_p).cpu()
+        return int(torch.multinomial(probs, 1, generator=sampling.generator))
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` new tokens after ``input_ids`` (1-D, or (1, N)).
+
+        Greedy when ``temperature == 0`` (identical to plain greedy decoding); otherwise exact
+        sampling from the target at that temperature / top-p. Stops right after an EOS token.
+        ``on_tokens`` is called with each batch of newly accepted tokens (for streaming).
+        """
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise ValueError(f"generate takes one sequence, got a batch of {ids.shape[0]}")
+            ids = ids[0]
+        if ids.dim() != 1 or len(ids) == 0:
+            raise ValueError("input_ids must be a non-empty 1-D sequence of token ids")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if len(ids) + max_new_tokens > self.target.max_positions:
+            raise ValueError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                             f"context of {self.target.max_positions} positions")
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator()
+            gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
+        sampling = Sampling(temperature, top_p, gen)
+        target, drafter, stats = self.target, self.drafter, DecodeStats(prompt_tokens=len(ids))
+        ids = ids.to(target.device)
+
+        t0 = time.perf_counter()
+        cache = target.new_cache()
+        out = target.prefill(ids, cache)
+        root = self._pick(out.logits[-1], sampling)
+        drafter.reset(ids)
+        drafter.extend(out.hidden, torch.cat([ids[1:], ids.new_tensor([root])]))
+        stats.prefill_s = time.perf_counter() - t0
+        emitted = [root]
+        if on_tokens:
+            on_tokens([root])
+        done = root in self.eos or max_new_tokens == 1
+
+        while not done:
+            t0 = time.perf_counter()
+            tree = drafter.propose(root, sampling)
+            t1 = time.perf_counter()
+            prefix_len = cache.get_seq_length()
+            res = target.tree_forward(tree, cache)
+            t2 = time.perf_counter()
+            path, bonus = verify(tree, res.logits, temperature, top_p, gen)
+            Target.commit(cache, prefix_len, path)
+            new = tree.tokens[path[1:]].tolist() + [bonus]
+            # stop exactly at EOS or at the token budget
+            room = max_new_tokens - len(emitted)
+            for i, tok in enumerate(new):
+                if tok in self.eos or i + 1 >= room:
+                    new, done = new[: i + 1], True
+                    break
+            emitted.extend(new)
+            stats.target_forwards += 1
+            stats.tree_nodes += len(tree)
+            stats.record(int(tree.depth.max()), len(path) - 1)
+            if on_tokens:
+                on_tokens(new)
+            if not done:
+                drafter.extend(res.hidden[path], torch.tensor(new, device=res.hidden.device))
+                root = bonus
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            stats.other_s += time.perf_counter() - t2
+
+        stats.new_tokens = len(emitted)
+        return GenerationResult(emitted, stats)

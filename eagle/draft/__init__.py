@@ -1,0 +1,21 @@
+"""Drafters behind one small interface (:class:`Drafter`), built from a config by name."""
+from __future__ import annotations
+
+from .base import Drafter, NoDrafter, Sampling
+from .ngram import NgramDrafter
+from .selfdraft import SelfDrafter
+from .shape import TreeShape
+
+__all__ = ["Drafter", "NoDrafter", "NgramDrafter", "SelfDrafter", "Sampling", "TreeShape", "build_drafter"]
+
+
+def build_drafter(config, target) -> Drafter:
+    """The drafter a :class:`eagle.config.DecodeConfig` asks for, bound to ``target``."""
+    d = config.drafter
+    if d.type == "none":
+        return NoDrafter()
+    if d.type == "self":
+        return SelfDrafter(target, config.tree, sample=d.sample)
+    if d.type == "ngram":
+        return NgramDrafter(d.max_ngram, d.min_ngram, config.tree.depth, d.branches)
+    raise ValueError(f"unknown drafter type '{d.type}'")

@@ -1,0 +1,41 @@
+"""Tree shapes as config: a chain of K, a static choice list, or EAGLE-2's dynamic tree."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..tree import Tree, chain_choices, choices_to_parents
+from .base import Sampling
+from .grow import Expand, grow_dynamic, grow_static
+
+SHAPES = ("chain", "static", "dynamic")
+
+
+@dataclass
+class TreeShape:
+    """``shape``: chain (``depth`` tokens), static (``choices``), or dynamic (``depth``, ``top_k``,
+    ``total_tokens``)."""
+
+    shape: str = "chain"
+    depth: int = 4
+    choices: list[list[int]] = field(default_factory=list)
+    top_k: int = 10
+    total_tokens: int = 60
+
+    def validate(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"tree.shape must be one of {SHAPES}, got '{self.shape}'")
+        if self.depth < 1:
+            raise ValueError(f"tree.depth must be >= 1, got {self.depth}")
+        if self.shape == "static":
+            if not self.choices:
+                raise ValueError("tree.shape 'static' needs a non-empty tree.choices list")
+            choices_to_parents(self.choices)  # raises on malformed lists
+        if self.shape == "dynamic" and (self.top_k < 1 or self.total_tokens < 1):
+            raise ValueError("tree.top_k and tree.total_tokens must be >= 1")
+
+    def grow(self, root: int, expand: Expand, sampling: Sampling, sample: bool = False) -> Tree:
+        if self.shape == "chain":
+            return grow_static(root, chain_choices(self.depth), expand, sampling, sample)
+        if self.shape == "static":
+            return grow_static(root, self.choices, expand, sampling, sample)
+        return grow_dynamic(root, self.depth, self.top_k, self.total_tokens, expand, sampling)

