@@ -1,0 +1,168 @@
+"""``eagle bench``: plain decoding, transformers' own ``generate`` and every config on the same
+prompts, in one process, reported as ratios against the faster plain decoder."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import DecodeConfig
+from .decoder import DecodeStats, TreeDecoder
+from .prompts import encode_chat
+
+__all__ = ["run_bench", "format_table", "device_name"]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+@dataclass
+class _Run:
+    tokens: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(map(len, self.tokens)) / self.seconds if self.seconds else 0.0
+
+
+def _hf_generate(model, ids, max_new_tokens, temperature, top_p, seed, eos):
+    kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(eos) or None,
+                  pad_token_id=sorted(eos)[0] if eos else None)
+    if temperature == 0:
+        kwargs.update(do_sample=False)
+    else:
+        torch.manual_seed(seed)
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    out = model.generate(ids[None].to(model.device), **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def _margin(model, ids: torch.Tensor, prefix: list[int]) -> float:
+    """Target's top-1 minus top-2 logit after ``ids + prefix``: how close the argmax was to a tie."""
+    full = torch.cat([ids, torch.tensor(prefix, dtype=torch.long)])[None].to(model.device)
+    with torch.no_grad():
+        top = model(full).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig], max_new_tokens: int = 128,
+              temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None) -> dict:
+    """Run the benchmark and return the result dict (see docs/results.md for the fields).
+
+    ``on_update(result)`` is called after each finished run, so a caller can save partial results.
+    """
+    encoded = [encode_chat(tokenizer, p) for p in prompts]
+    plain_dec = TreeDecoder(model, None)
+    eos = plain_dec.eos
+    for ids in encoded:  # fail fast, before any timing, on prompts that cannot fit
+        if len(ids) + max_new_tokens > plain_dec.target.max_positions:
+            raise ValueError(f"a prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                             f"context of {plain_dec.target.max_positions}")
+    result = {"target": target_name, "device": device_name(plain_dec.target.device),
+              "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+              "plain": {}, "runs": []}
+    total = (len(configs) + 2) * len(encoded)
+    bar = tqdm(total=total, desc="bench", unit="prompt", dynamic_ncols=True)
+
+    # warm-up so neither baseline pays first-call costs inside the timing
+    plain_dec.generate(encoded[0], min(8, max_new_tokens))
+    _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
+
+    def timed(fn, name: str) -> _Run:
+        run = _Run()
+        bar.set_postfix_str(name)
+        for i, ids in enumerate(encoded):
+            t0 = time.perf_counter()
+            out = fn(i, ids)
+            run.seconds += time.perf_counter() - t0
+            if isinstance(out, list):
+                run.tokens.append(out)
+            else:
+                run.tokens.append(out.tokens)
+                run.stats.merge(out.stats)
+            bar.update(1)
+        return run
+
+    gen_kw = dict(temperature=temperature, top_p=top_p)
+    plain = timed(lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw), "plain")
+    hf = timed(lambda i, ids: _hf_generate(model, ids, max_new_tokens, temperature, top_p, i, eos), "hf generate")
+    baseline = max(plain.tokens_per_s, hf.tokens_per_s)
+    result["plain"] = {"tokens_per_s": plain.tokens_per_s, "hf_tokens_per_s": hf.tokens_per_s,
+                       "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)),
+                       "prompts": len(encoded)}
+    if on_update:
+        on_update(result)
+
+    for cfg in configs:
+        dec = TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None)
+        dec.generate(encoded[0], min(8, max_new_tokens))  # warm-up
+        run = timed(lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw), cfg.name)
+        st = run.stats
+        entry = {"config": cfg.name, "mean_accepted": st.tau, "tokens_per_s": run.tokens_per_s,
+                 "speedup": run.tokens_per_s / baseline if baseline else 0.0,
+                 "identical_to_plain": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
+                 "prompts": len(encoded), "accepted_hist": st.accepted_hist,
+                 "per_depth_acceptance": st.per_depth_acceptance,
+                 "mean_tree_nodes": st.tree_nodes / max(st.target_forwards, 1),
+                 "step_ms": {k: 1000 * v / max(st.target_forwards, 1) for k, v in
+                             (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))}}
+        if temperature == 0:
+            diffs = []
+            for i, (a, b) in enumerate(zip(run.tokens, plain.tokens)):
+                j = _first_diff(a, b)
+                if j is not None:
+                    diffs.append({"prompt": i, "position": j, "logit_margin": _margin(model, encoded[i], b[:j])})
+            entry["mismatches"] = diffs
+        result["runs"].append(entry)
+        if on_update:
+            on_update(result)
+    bar.close()
+    return result
+
+
+def format_table(result: dict) -> str:
+    p = result["plain"]
+    lines = [f"target: {result['target']}   device: {result['device']}   "
+             f"max_new_tokens: {result['max_new_tokens']}   temperature: {result['temperature']}",
+             f"plain loop: {p['tokens_per_s']:.2f} tok/s   transformers generate: {p['hf_tokens_per_s']:.2f} tok/s   "
+             f"plain == generate on {p['identical_to_hf']}/{p['prompts']} prompts",
+             "",
+             f"| {'config':<22} | {'tau':>5} | {'tok/s':>7} | {'speedup':>7} | {'identical':>9} | "
+             f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} |",
+             f"|{'-' * 24}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r['tokens_per_s']:7.2f} | "
+                     f"{r['speedup']:6.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
+                     f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} |")
+    for r in result["runs"]:
+        for m in r.get("mismatches", []):
+            lines.append(f"  {r['config']}: prompt {m['prompt']} differs from plain at token {m['position']} "
+                         f"(target logit margin there: {m['logit_margin']:.2e})")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str | Path) -> None:
+    """Write atomically, so an interrupted bench never leaves a truncated file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, path)

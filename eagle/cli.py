@@ -1,0 +1,152 @@
+"""Command line: ``eagle generate`` and ``eagle bench``.
+
+Bad input ends with one ``eagle: error: ...`` line and a non-zero exit status, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _temperature(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _top_p(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
+def _add_sampling(p: argparse.ArgumentParser, default_new: int) -> None:
+    p.add_argument("--max-new-tokens", type=_positive_int, default=default_new)
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=_top_p, default=1.0)
+    p.add_argument("--target", default="smollm2-135m", help="embedded name or local HF directory")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="eagle", description="Lossless speculative decoding with tree drafts")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="stream an answer to one chat prompt")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--config", help="decoding config YAML (default: plain decoding)")
+    g.add_argument("--seed", type=int, default=None)
+    _add_sampling(g, 128)
+
+    b = sub.add_parser("bench", help="plain vs configs on a prompt set, as speedup ratios")
+    b.add_argument("--prompts", required=True, help="JSONL with a \"prompt\" (or \"turns\") per line")
+    b.add_argument("--config", action="append", required=True, help="config YAML (repeatable)")
+    b.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
+    b.add_argument("--json", required=True, help="output JSON path")
+    _add_sampling(b, 128)
+    return ap
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _generate(args) -> None:
+    from .config import DecodeConfig, load_config
+    from .decoder import TreeDecoder
+    from .models import load_target
+    from .prompts import encode_chat
+
+    config = load_config(args.config) if args.config else DecodeConfig()
+    if not args.prompt.strip():
+        raise UsageError("--prompt is empty")
+    _quiet_transformers()
+    model, tok = load_target(args.target)
+    ids = encode_chat(tok, args.prompt)
+    dec = TreeDecoder.from_config(model, config)
+    shown, text = [], ""
+
+    def stream(new):  # decode everything so far and print only the new suffix (multi-byte safe)
+        nonlocal text
+        shown.extend(new)
+        full = tok.decode(shown, skip_special_tokens=True)
+        if full.startswith(text):
+            sys.stdout.write(full[len(text):])
+            sys.stdout.flush()
+            text = full
+
+    t0 = time.perf_counter()
+    out = dec.generate(ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       seed=args.seed, on_tokens=stream)
+    dt = time.perf_counter() - t0
+    st = out.stats
+    print(f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {st.new_tokens / dt:.1f} "
+          f"| target forwards: {st.target_forwards + 1} | prompt tokens: {st.prompt_tokens}")
+
+
+def _bench(args) -> None:
+    from .bench import format_table, run_bench, write_json
+    from .config import load_config
+    from .models import load_target
+    from .prompts import load_prompts
+
+    configs = [load_config(c) for c in args.config]  # validate everything before loading a model
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two configs share a name: {names}")
+    prompts = load_prompts(args.prompts, args.limit)
+    _quiet_transformers()
+    model, tok = load_target(args.target)
+    result = run_bench(model, tok, prompts, configs, args.max_new_tokens, args.temperature, args.top_p,
+                       target_name=args.target, on_update=lambda r: write_json(r, args.json))
+    write_json(result, args.json)
+    print(format_table(result))
+    print(f"\nwrote {args.json}")
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from .config import ConfigError
+    from .models import TargetNotFound
+    from .prompts import PromptFileError
+
+    try:
+        {"generate": _generate, "bench": _bench}[args.cmd](args)
+    except (UsageError, ConfigError, TargetNotFound, PromptFileError, ValueError, OSError) as e:
+        print(f"eagle: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\neagle: interrupted (bench results so far are in the --json file)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
