@@ -1,0 +1,1 @@
+"""Training the EAGLE draft head: self-distilled data, the training loop, checkpoints."""

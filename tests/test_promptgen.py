@@ -1,0 +1,71 @@
+"""The synthetic prompt set: deterministic, balanced, distinct, held-out split disjoint."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from eagle.train.promptgen import CATEGORIES, make_prompts, write_prompt_sets
+
+N = 1500
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return make_prompts(N, seed=0)
+
+
+def test_deterministic_for_seed(prompts):
+    assert make_prompts(N, seed=0) == prompts
+    assert make_prompts(N, seed=1) != prompts
+
+
+def test_count_and_fields(prompts):
+    assert len(prompts) >= N
+    for r in prompts:
+        assert set(r) == {"id", "category", "prompt"}
+        assert isinstance(r["id"], str) and isinstance(r["prompt"], str)
+        assert r["prompt"].strip() and r["prompt"] == r["prompt"].strip()
+        assert len(r["prompt"]) < 1500
+    assert len({r["id"] for r in prompts}) == len(prompts)
+
+
+def test_categories_balanced(prompts):
+    cnt = Counter(r["category"] for r in prompts)
+    assert set(cnt) == set(CATEGORIES)
+    for c in CATEGORIES:
+        assert cnt[c] / len(prompts) >= 0.08, (c, cnt[c])
+
+
+def test_no_duplicates(prompts):
+    texts = [r["prompt"] for r in prompts]
+    assert len(set(texts)) == len(texts)
+    assert len({" ".join(t.lower().split()) for t in texts}) == len(texts)
+
+
+def test_default_size_builds():
+    rows = make_prompts(5000, seed=0)
+    assert len(rows) == 5000 and len({r["prompt"] for r in rows}) == 5000
+
+
+def test_write_prompt_sets(tmp_path):
+    tp, hp = write_prompt_sets(tmp_path / "p", n=1000, heldout=90, seed=3)
+    train = [json.loads(line) for line in tp.read_text(encoding="utf-8").splitlines()]
+    held = [json.loads(line) for line in hp.read_text(encoding="utf-8").splitlines()]
+    assert len(train) == 910 and len(held) == 90
+    assert {r["category"] for r in held} == set(CATEGORIES)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    for r in train + held:
+        assert set(r) == {"id", "category", "prompt"} and r["prompt"].strip() and len(r["prompt"]) < 1500
+    # same arguments, same files
+    tp2, hp2 = write_prompt_sets(tmp_path / "q", n=1000, heldout=90, seed=3)
+    assert tp2.read_text(encoding="utf-8") == tp.read_text(encoding="utf-8")
+    assert hp2.read_text(encoding="utf-8") == hp.read_text(encoding="utf-8")
+
+
+def test_small_heldout_still_stratified(tmp_path):
+    _, hp = write_prompt_sets(tmp_path, n=400, heldout=len(CATEGORIES), seed=0)
+    held = [json.loads(line) for line in hp.read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["category"] for r in held) == sorted(CATEGORIES)
