@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
     b.add_argument("--json", required=True, help="output JSON path")
     _add_sampling(b, 128)
+
+    t = sub.add_parser("train", help="self-distil data and train an EAGLE head (torchrun for DDP)")
+    t.add_argument("--config", required=True, help="training config YAML")
+
+    h = sub.add_parser("head-info", help="size and FLOPs per draft step of a head")
+    h.add_argument("--head", default="heads/smollm2-135m")
+    h.add_argument("--target", default="smollm2-135m")
     return ap
 
 
@@ -131,6 +138,38 @@ def _bench(args) -> None:
     print(f"\nwrote {args.json}")
 
 
+def _train(args) -> None:
+    import json
+
+    from .train.trainer import load_train_config, train
+
+    cfg = load_train_config(args.config)
+    _quiet_transformers()
+    summary = train(cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
+    if summary["eval"]:
+        ev = summary["eval"][-1]
+        print(f"final heldout loss {ev['loss']:.4f}, top-1 accuracy per unroll step {ev['acc']}")
+    print(f"head written to {cfg.export}")
+
+
+def _head_info(args) -> None:
+    from .head import load_head
+    from .models import load_target
+
+    _quiet_transformers()
+    model, _ = load_target(args.target)
+    head = load_head(args.head, model)
+    n = sum(p.numel() for p in head.parameters())
+    vd = head.draft_vocab.numel() or model.config.vocab_size
+    print(f"head: {args.head}  (target {head.config.target}, hidden {head.hidden_size})")
+    print(f"trainable parameters: {n / 1e6:.2f} M  (fc {head.fc.weight.numel() / 1e6:.2f} M, "
+          f"layer {sum(p.numel() for p in head.layer.parameters()) / 1e6:.2f} M)")
+    print(f"draft vocabulary: {vd} tokens (shared, frozen target LM head rows: {vd * head.hidden_size / 1e6:.2f} M)")
+    print(f"FLOPs per drafted token (fc + layer + draft LM head, attention excluded): "
+          f"{head.flops_per_token() / 1e6:.1f} MFLOP")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from .config import ConfigError
@@ -138,7 +177,7 @@ def main(argv=None) -> int:
     from .prompts import PromptFileError
 
     try:
-        {"generate": _generate, "bench": _bench}[args.cmd](args)
+        {"generate": _generate, "bench": _bench, "train": _train, "head-info": _head_info}[args.cmd](args)
     except (UsageError, ConfigError, TargetNotFound, PromptFileError, ValueError, OSError) as e:
         print(f"eagle: error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from .draft.shape import TreeShape
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
 
-DRAFTERS = ("none", "self", "ngram")
+DRAFTERS = ("none", "self", "ngram", "eagle")
 ATTENTION = ("auto", "triton", "reference")
 
 
@@ -22,9 +22,10 @@ class ConfigError(ValueError):
 
 @dataclass
 class DrafterConfig:
-    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram."""
+    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram, eagle."""
 
     type: str = "none"
+    head: str = ""  # eagle: a head checkpoint folder (relative paths: cwd, then the repo root)
     sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
     max_ngram: int = 3
     min_ngram: int = 1
@@ -49,6 +50,8 @@ class DecodeConfig:
                 raise ConfigError("drafter needs 1 <= min_ngram <= max_ngram")
             if d.branches < 1:
                 raise ConfigError("drafter.branches must be >= 1")
+        if self.drafter.type == "eagle" and not self.drafter.head:
+            raise ConfigError("drafter.type 'eagle' needs drafter.head (a head checkpoint folder)")
         try:
             self.tree.validate()
         except ValueError as e:
@@ -84,6 +87,18 @@ def from_dict(cls, data, where: str = ""):
     return cls(**{k: _check(v, hints[k], where + k) for k, v in data.items()})
 
 
+def _resolve(rel: str, config_path: Path) -> Path:
+    """A path from a config: as given if it exists, else relative to the config's folder or the
+    folders above it (so configs work from any working directory)."""
+    p = Path(rel).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    for base in [config_path.parent, *config_path.resolve().parents]:
+        if (base / p).exists():
+            return base / p
+    raise ConfigError(f"path not found: {rel}")
+
+
 def load_config(path: str | Path) -> DecodeConfig:
     """Load and validate a decoding config; the name defaults to the file's stem."""
     path = Path(path)
@@ -99,6 +114,8 @@ def load_config(path: str | Path) -> DecodeConfig:
             data.setdefault("name", path.stem)
         cfg = from_dict(DecodeConfig, data)
         cfg.validate()
+        if cfg.drafter.head:
+            cfg.drafter.head = str(_resolve(cfg.drafter.head, path))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg

@@ -18,4 +18,10 @@ def build_drafter(config, target) -> Drafter:
         return SelfDrafter(target, config.tree, sample=d.sample)
     if d.type == "ngram":
         return NgramDrafter(d.max_ngram, d.min_ngram, config.tree.depth, d.branches)
+    if d.type == "eagle":
+        from ..head import load_head
+        from .eagle_head import EagleDrafter
+
+        head = load_head(d.head, target.model).to(target.device)
+        return EagleDrafter(target, head, config.tree, sample=d.sample)
     raise ValueError(f"unknown drafter type '{d.type}'")

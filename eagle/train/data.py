@@ -1,0 +1,189 @@
+"""Self-distilled training data: the target writes the answers, and we keep its last hidden state
+at every position from that same generation pass (no second forward).
+
+Output: a folder of shards plus ``manifest.json``. Each shard is a safetensors file holding
+``input_ids (N,) int32`` (the sequences concatenated), ``hidden (N, H) float16`` (target feature
+after the final norm, position-aligned with ``input_ids``), ``offsets (S+1,) int64`` (sequence
+boundaries) and ``prompt_lens (S,) int32``. The manifest is rewritten atomically after every shard,
+so an interrupted run resumes after the last finished shard.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..prompts import encode_chat
+
+__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "ShardDataset", "load_manifest"]
+
+
+def read_prompt_records(path: str | Path) -> list[str]:
+    """Prompts from our JSONL (``{"prompt": ...}`` per line) or a ShareGPT/UltraChat-style JSON file.
+
+    ShareGPT: a list of ``{"conversations": [{"from": "human", "value": ...}, ...]}``; UltraChat:
+    ``{"messages": [{"role": "user", "content": ...}, ...]}`` (a list, or one object per line).
+    The first user turn of each conversation becomes a prompt (the target writes its own answer).
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+        records = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    prompts = []
+    for n, rec in enumerate(records):
+        prompt = read_conversations(rec)
+        if prompt is None:
+            raise ValueError(f"{path}: record {n} has no prompt, ShareGPT 'conversations' or UltraChat 'messages'")
+        prompts.append(prompt)
+    return prompts
+
+
+def read_conversations(rec: dict) -> str | None:
+    """The first user message of one record in any of the supported formats."""
+    if isinstance(rec.get("prompt"), str):
+        return rec["prompt"]
+    for key, who, role_key, text_key in (("conversations", ("human", "user"), "from", "value"),
+                                         ("messages", ("user", "human"), "role", "content")):
+        turns = rec.get(key)
+        if isinstance(turns, list):
+            for t in turns:
+                if isinstance(t, dict) and t.get(role_key) in who and isinstance(t.get(text_key), str):
+                    return t[text_key]
+    return None
+
+
+def load_manifest(folder: str | Path) -> dict:
+    path = Path(folder) / "manifest.json"
+    if not path.exists():
+        return {"shards": [], "prompts_done": 0, "tokens": 0}
+    return json.loads(path.read_text())
+
+
+def _write_manifest(folder: Path, manifest: dict) -> None:
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, folder / "manifest.json")
+
+
+@torch.no_grad()
+def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
+                    eos: int, pad: int, store_hidden: bool = True):
+    """One batched sampling pass; yields ``(ids (n,), hidden (n, H), prompt_len)`` per sequence."""
+    enc = [encode_chat(tok, p) for p in prompts]
+    L = max(len(e) for e in enc)
+    ids = torch.full((len(enc), L), pad, dtype=torch.long)
+    att = torch.zeros((len(enc), L), dtype=torch.long)
+    for i, e in enumerate(enc):  # left padding: every sequence ends at column L-1
+        ids[i, L - len(e):] = e
+        att[i, L - len(e):] = 1
+    kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+    out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                         output_hidden_states=store_hidden, return_dict_in_generate=True, **kw)
+    seqs = out.sequences  # (B, L + G)
+    if store_hidden:
+        # hidden_states[step][layer]: step 0 covers the prompt (B, L, H); later steps one token each
+        hid = torch.cat([h[-1] for h in out.hidden_states], dim=1)  # (B, L+G-1, H): feature j predicts token j+1
+    else:
+        hid = torch.zeros(seqs.shape[0], seqs.shape[1], 0)
+    for i, e in enumerate(enc):
+        gen = seqs[i, L:].tolist()
+        n_gen = gen.index(eos) + 1 if eos in gen else len(gen)
+        start = L - len(e)
+        end = L + n_gen  # tokens [start, end)
+        # the feature of the final token (EOS or cut-off) was never computed: drop that token
+        yield seqs[i, start:end - 1].clone(), hid[i, start:end - 1].clone(), len(e)
+
+
+def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_size: int = 32,
+                    max_new_tokens: int = 192, temperature: float = 0.6, top_p: float = 0.95,
+                    shard_prompts: int = 256, seed: int = 0, store_hidden: bool = True) -> dict:
+    """Self-distill ``prompts`` into shards under ``out_dir`` (resumable; see module docstring)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(out_dir)
+    eos = int(model.generation_config.eos_token_id if not isinstance(model.generation_config.eos_token_id, list)
+              else model.generation_config.eos_token_id[0])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    done = manifest["prompts_done"]
+    bar = tqdm(total=len(prompts), initial=done, desc="self-distill", unit="prompt", dynamic_ncols=True)
+    while done < len(prompts):
+        chunk = prompts[done: done + shard_prompts]
+        torch.manual_seed(seed + done)  # a resumed run draws the same samples for this shard
+        # similar lengths in one batch waste less compute on padding
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
+        ids_l, hid_l, plen = [], [], []
+        for b in range(0, len(order), batch_size):
+            batch = [chunk[i] for i in order[b: b + batch_size]]
+            for ids, hid, pl in _generate_batch(model, tok, batch, max_new_tokens, temperature, top_p, eos, pad,
+                                                  store_hidden):
+                ids_l.append(ids)
+                hid_l.append(hid)
+                plen.append(pl)
+            bar.update(len(batch))
+            bar.set_postfix(tokens=manifest["tokens"] + sum(len(x) for x in ids_l))
+        lens = torch.tensor([len(x) for x in ids_l])
+        name = f"shard-{len(manifest['shards']):05d}.safetensors"
+        tensors = {"input_ids": torch.cat(ids_l).to(torch.int32),
+                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+                   "prompt_lens": torch.tensor(plen, dtype=torch.int32)}
+        if store_hidden:
+            tensors["hidden"] = torch.cat(hid_l).to(torch.float16)
+        save_file(tensors, str(out_dir / (name + ".tmp")))
+        os.replace(out_dir / (name + ".tmp"), out_dir / name)
+        done += len(chunk)
+        manifest["shards"].append({"file": name, "sequences": len(ids_l), "tokens": int(lens.sum())})
+        manifest.update(prompts_done=done, tokens=manifest["tokens"] + int(lens.sum()),
+                        hidden_size=int(model.config.get_text_config(decoder=True).hidden_size),
+                        has_hidden=store_hidden)
+        _write_manifest(out_dir, manifest)
+    bar.close()
+    return manifest
+
+
+@dataclass
+class Sequence:
+    input_ids: torch.Tensor  # (n,) int64
+    hidden: torch.Tensor | None  # (n, H) float16; None when features are computed online
+    prompt_len: int
+
+
+class ShardDataset:
+    """All sequences of a shard folder, in memory (fp16 features: ~1.2 KB per token at H = 576)."""
+
+    def __init__(self, folder: str | Path, load_hidden: bool = True):
+        folder = Path(folder)
+        manifest = load_manifest(folder)
+        if not manifest["shards"]:
+            raise ValueError(f"no shards in {folder} (run `eagle data` first)")
+        if load_hidden and not manifest.get("has_hidden", True):
+            raise ValueError(f"{folder} holds no features (made with extraction: online)")
+        self.sequences: list[Sequence] = []
+        for s in manifest["shards"]:
+            t = load_file(str(folder / s["file"]))
+            off = t["offsets"].tolist()
+            for i in range(len(off) - 1):
+                hid = t["hidden"][off[i]:off[i + 1]] if load_hidden else None
+                self.sequences.append(Sequence(t["input_ids"][off[i]:off[i + 1]].long(), hid, int(t["prompt_lens"][i])))
+        self.hidden_size = int(manifest["hidden_size"])
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self.sequences)
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each token id occurs (for choosing a reduced draft vocabulary)."""
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for s in self.sequences:
+            counts += torch.bincount(s.input_ids, minlength=vocab_size)
+        return counts

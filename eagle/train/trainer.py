@@ -1,0 +1,360 @@
+"""Training the EAGLE head by self-distillation: one process or ``torchrun`` (DDP; gloo on CPU,
+nccl on GPU). Deterministic given the seed: the data order and the feature noise depend only on
+(seed, step, sequence index), so 2 processes x B/2 sequences give the same update as 1 x B, and a
+run resumed from a checkpoint continues exactly where an uninterrupted one would be.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..config import ConfigError, from_dict
+from ..head import DraftHead, HeadConfig, save_head
+from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records
+
+__all__ = ["TrainConfig", "load_train_config", "train", "head_loss"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``eagle train`` does, end to end (data, features, training, export)."""
+
+    target: str = "smollm2-135m"
+    # --- data: the target answers these prompts (ours, plus optional ShareGPT/UltraChat files)
+    prompts: str = "experiments/data/prompts/train.jsonl"
+    extra_data: list[str] = field(default_factory=list)
+    num_prompts: int = 2500  # how many prompts to self-distill (0 = all)
+    data_dir: str = "experiments/data/smollm2-selfdistill"
+    gen_batch_size: int = 32
+    gen_max_new_tokens: int = 160
+    gen_temperature: float = 0.6
+    extraction: str = "offline"  # offline: features stored in shards; online: recomputed while training
+    # --- head
+    draft_vocab_size: int = 8192  # 0 = the full target vocabulary
+    # --- optimization
+    epochs: float = 4.0
+    batch_size: int = 16  # sequences per global batch (split across processes)
+    max_seq_len: int = 320
+    lr: float = 5e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    noise: float = 0.1  # uniform feature noise U(-noise, noise) on the head's input features
+    cls_weight: float = 0.1
+    unroll: int = 1  # >1: EAGLE-3-style training-time test, feeding the head its own predictions
+    train_on_prompt: bool = False
+    heldout_fraction: float = 0.03
+    eval_every: int = 200
+    checkpoint_every: int = 100
+    max_steps: int = 0  # 0 = derived from epochs
+    seed: int = 0
+    out_dir: str = "runs/smollm2-head"
+    export: str = "heads/smollm2-135m"
+
+    def validate(self) -> None:
+        if self.extraction not in ("offline", "online"):
+            raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
+        for name in ("batch_size", "max_seq_len", "unroll", "gen_batch_size", "gen_max_new_tokens",
+                     "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.lr <= 0 or self.epochs <= 0:
+            raise ConfigError("lr and epochs must be > 0")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ConfigError("heldout_fraction must be in [0, 1)")
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        cfg = from_dict(TrainConfig, yaml.safe_load(path.read_text()) or {})
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# loss
+
+
+def causal_mask(lengths: list[int], T: int, device) -> torch.Tensor:
+    """``(B, 1, T, T)`` bool: causal within each sequence, padding never attended."""
+    idx = torch.arange(T, device=device)
+    valid = idx[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, T)
+    m = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # (B, T, T)
+    m |= torch.eye(T, dtype=torch.bool, device=device)[None]  # padded rows attend to themselves (no NaN)
+    return m[:, None]
+
+
+def head_loss(head: DraftHead, embed: torch.nn.Module, lm_w: torch.Tensor, feats: torch.Tensor,
+              ids: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor, lengths: list[int],
+              cls_weight: float, unroll: int):
+    """Summed (not averaged) EAGLE loss of a padded batch.
+
+    Args:
+        feats: ``(B, T, H)`` target features f_0..f_{T-1}; ids ``(B, T)`` tokens x_0..x_{T-1}.
+        weight: ``(B, T-1)`` 1 where pair j (predicting f_{j+1}) counts, else 0.
+        noise: ``(B, T-1, H)`` added to the head's input features.
+    Returns: ``(loss_sum, stats)`` with per-unroll-step summed accuracy.
+    """
+    f_in, f_tgt = feats[:, :-1], feats[:, 1:]  # (B, T-1, H)
+    tok = embed(ids[:, 1:])  # (B, T-1, H) embedding of x_{j+1}
+    T1 = f_in.shape[1]
+    pos = torch.arange(T1, device=feats.device)[None].expand(len(lengths), -1)
+    mask = causal_mask([max(n - 1, 1) for n in lengths], T1, feats.device)
+    sel = weight > 0  # (B, T-1): only these pairs pay for the (N, Vd) LM-head products
+    with torch.no_grad():
+        tgt_logp = torch.log_softmax(f_tgt[sel] @ lm_w.T, dim=-1)  # (N, Vd) target distribution
+        tgt_p, tgt_top = tgt_logp.exp(), tgt_logp.argmax(-1)
+    total = feats.new_zeros(())
+    accs = []
+    inp = f_in + noise
+    for step in range(unroll):
+        pred = head(inp, tok, pos, mask)  # (B, T-1, H)
+        p_sel = pred[sel]  # (N, H)
+        reg = F.smooth_l1_loss(p_sel, f_tgt[sel], reduction="none").mean(-1)  # (N,)
+        logq = torch.log_softmax(p_sel @ lm_w.T, dim=-1)  # (N, Vd)
+        ce = -(tgt_p * logq).sum(-1)  # (N,)
+        total = total + (reg + cls_weight * ce).sum() / unroll
+        accs.append((logq.argmax(-1) == tgt_top).float().sum().detach())
+        # training-time test: the next pass sees the head's own predictions as input features
+        inp = torch.cat([f_in[:, :1], pred[:, :-1]], dim=1)
+    return total, accs
+
+
+# ---------------------------------------------------------------------------------------------
+# training state
+
+
+class Run:
+    """Holds the per-process setup: rank, world, device."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = torch.device("cpu")
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend, timeout=timedelta(hours=4))
+        elif torch.cuda.is_available():
+            self.device = torch.device("cuda")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.world > 1:
+            dist.barrier()
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+
+def _batch_order(n: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed * 1000003 + epoch)
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i: i + batch] for i in range(0, n - batch + 1, batch)]
+
+
+def _noise(shape, amount: float, seed: int, step: int, seq: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_000_003 + seq)
+    return (torch.rand(shape, generator=g) * 2 - 1) * amount
+
+
+def _collate(seqs: list[Sequence], idx: list[int], cfg: TrainConfig, step: int, device, features_fn):
+    lengths = [min(len(s.input_ids), cfg.max_seq_len) for s in seqs]
+    T = max(lengths)
+    H = features_fn.hidden_size
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    weight = torch.zeros(len(seqs), T - 1)
+    noise = torch.zeros(len(seqs), T - 1, H)
+    for b, (s, n) in enumerate(zip(seqs, lengths)):
+        ids[b, :n] = s.input_ids[:n]
+        start = 0 if cfg.train_on_prompt else max(s.prompt_len - 1, 0)
+        weight[b, start: n - 1] = 1.0
+        noise[b, : n - 1] = _noise((n - 1, H), cfg.noise, cfg.seed, step, idx[b])
+    feats = features_fn(seqs, ids, lengths).to(device)
+    return feats, ids.to(device), weight.to(device), noise.to(device), lengths
+
+
+class _Features:
+    """Target features for a batch: from the shards (offline) or a no-grad target forward (online)."""
+
+    def __init__(self, model, online: bool, hidden_size: int):
+        self.model, self.online, self.hidden_size = model, online, hidden_size
+
+    @torch.no_grad()
+    def __call__(self, seqs, ids, lengths) -> torch.Tensor:
+        T = ids.shape[1]
+        if self.online:
+            att = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+            dev = next(self.model.parameters()).device
+            return self.model.get_decoder()(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state.float()
+        out = torch.zeros(len(seqs), T, self.hidden_size)
+        for b, (s, n) in enumerate(zip(seqs, lengths)):
+            out[b, :n] = s.hidden[:n].float()
+        return out
+
+
+def _save_checkpoint(folder: Path, head, opt, step: int, cfg: TrainConfig) -> None:
+    """Atomically replace ``folder`` with the current weights + optimizer state."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ckpt.tmp", dir=folder.parent))
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg)}, tmp / "state.pt")
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _evaluate(head, embed, lm_w, data, cfg, run, features_fn) -> dict:
+    head.eval()
+    loss = torch.zeros(()); n = torch.zeros(()); accs = torch.zeros(cfg.unroll)
+    with torch.no_grad():
+        for i in range(0, len(data), cfg.batch_size):
+            chunk = data[i: i + cfg.batch_size]
+            feats, ids, w, _, lengths = _collate(chunk, list(range(i, i + len(chunk))), cfg, 0, run.device, features_fn)
+            l, a = head_loss(head, embed, lm_w, feats, ids, w, torch.zeros_like(feats[:, :-1]), lengths,
+                             cfg.cls_weight, cfg.unroll)
+            loss += l.cpu(); n += w.sum().cpu(); accs += torch.stack(a).cpu()
+    head.train()
+    return {"loss": float(loss / n.clamp(min=1)), "acc": [float(a / n.clamp(min=1)) for a in accs]}
+
+
+def prepare_data(cfg: TrainConfig, model, tok, run: Run) -> None:
+    """Self-distill the prompt set into ``cfg.data_dir`` (resumable), on the main process only."""
+    if run.main:
+        prompts = read_prompt_records(cfg.prompts)
+        for extra in cfg.extra_data:
+            prompts += read_prompt_records(extra)
+        if cfg.num_prompts:
+            prompts = prompts[: cfg.num_prompts]
+        if load_manifest(cfg.data_dir)["prompts_done"] < len(prompts):
+            generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
+                            max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
+                            seed=cfg.seed, store_hidden=cfg.extraction == "offline")
+    run.barrier()
+
+
+def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True) -> dict:
+    """Run data preparation (if needed), training with checkpoints/resume, evaluation and export.
+
+    Returns a summary dict (steps, final eval loss and per-step accuracy, tokens seen)."""
+    from ..models import load_target
+
+    run = Run()
+    torch.manual_seed(cfg.seed)
+    if model is None:
+        model, tok = load_target(cfg.target, device=run.device)
+    prepare_data(cfg, model, tok, run)
+    data = ShardDataset(cfg.data_dir, load_hidden=cfg.extraction == "offline").sequences
+    g = torch.Generator().manual_seed(cfg.seed)
+    perm = torch.randperm(len(data), generator=g).tolist()
+    n_eval = int(len(data) * cfg.heldout_fraction)
+    eval_set = [data[i] for i in perm[:n_eval]]
+    train_set = [data[i] for i in perm[n_eval:]]
+    if len(train_set) < cfg.batch_size:
+        raise ValueError(f"only {len(train_set)} training sequences for a batch of {cfg.batch_size}")
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    draft_vocab = None
+    if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
+        counts = torch.zeros(vocab, dtype=torch.long)
+        for s in train_set:
+            counts += torch.bincount(s.input_ids, minlength=vocab)
+        draft_vocab = counts.topk(cfg.draft_vocab_size).indices.sort().values
+    head = DraftHead.for_target(model, draft_vocab).to(run.device).float()
+    embed = model.get_input_embeddings()
+    lm_w = head.lm_weight(model.get_output_embeddings()).detach().float()
+    features_fn = _Features(model, cfg.extraction == "online", model.config.get_text_config(decoder=True).hidden_size)
+
+    out_dir = Path(cfg.out_dir)
+    ckpt = out_dir / "checkpoint"
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    step = 0
+    if (ckpt / "state.pt").exists():  # resume: weights, optimizer and position in the data
+        head.load_state_dict(load_file(str(ckpt / "head.safetensors")))
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+    steps_per_epoch = len(train_set) // cfg.batch_size
+    total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
+    model_ddp = torch.nn.parallel.DistributedDataParallel(head) if run.world > 1 else head
+    if cfg.batch_size % run.world:
+        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {run.world} processes")
+
+    def lr_at(s: int) -> float:
+        if s < cfg.warmup_steps:
+            return cfg.lr * (s + 1) / cfg.warmup_steps
+        frac = (s - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+    bar = tqdm(total=total, initial=step, desc="train", disable=not (progress and run.main), dynamic_ncols=True)
+    history = []
+    head.train()
+    while step < total:
+        epoch, b = divmod(step, steps_per_epoch)
+        batch_idx = _batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch)[b]
+        mine = batch_idx[run.rank:: run.world]  # this process's share of the global batch
+        feats, ids, w, noise, lengths = _collate([train_set[i] for i in mine], mine, cfg, step, run.device, features_fn)
+        n_global = run.all_sum(w.sum().detach().cpu())
+        loss_sum, accs = head_loss(model_ddp, embed, lm_w, feats, ids, w, noise, lengths, cfg.cls_weight, cfg.unroll)
+        # DDP averages gradients over processes: scale so the result is the global per-token mean
+        loss = loss_sum * run.world / n_global.clamp(min=1).to(loss_sum.device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        stats = run.all_sum(torch.stack([loss_sum.detach().cpu()] + [a.cpu() for a in accs]))
+        denom = float(n_global.clamp(min=1))
+        bar.set_postfix(loss=f"{float(stats[0]) / denom:.3f}", acc=f"{float(stats[1]) / denom:.3f}")
+        bar.update(1)
+        if step % cfg.checkpoint_every == 0 or step == total:
+            if run.main:
+                _save_checkpoint(ckpt, head, opt, step, cfg)
+            run.barrier()
+        if run.main and (step % cfg.eval_every == 0 or step == total) and eval_set:
+            ev = _evaluate(head, embed, lm_w, eval_set, cfg, run, features_fn)
+            ev["step"] = step
+            history.append(ev)
+            tqdm.write(f"step {step}: heldout loss {ev['loss']:.4f}  top-1 acc per unroll step "
+                       + " ".join(f"{a:.3f}" for a in ev["acc"]))
+    bar.close()
+    summary = {"steps": step, "train_sequences": len(train_set), "eval_sequences": len(eval_set),
+               "tokens": sum(len(s.input_ids) for s in train_set), "eval": history}
+    if run.main and cfg.export:
+        tcfg = model.config.get_text_config(decoder=True)
+        save_head(head, cfg.export, HeadConfig(
+            target=cfg.target, model_type=tcfg.model_type, hidden_size=tcfg.hidden_size, vocab_size=vocab,
+            draft_vocab=[] if draft_vocab is None else draft_vocab.tolist()))
+    run.barrier()
+    return summary
