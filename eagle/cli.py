@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--config", help="decoding config YAML (default: plain decoding)")
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--compare", action="store_true",
+                   help="also run plain decoding on the same prompt first and print the speedup")
     _add_sampling(g, 128)
 
     b = sub.add_parser("bench", help="plain vs configs on a prompt set, as speedup ratios")
@@ -98,6 +100,14 @@ def _generate(args) -> None:
     model, tok = load_target(args.target)
     ids = encode_chat(tok, args.prompt)
     dec = TreeDecoder.from_config(model, config)
+    plain_tps = None
+    if args.compare:  # plain decoding through the same loop, same prompt, same process
+        plain = TreeDecoder(dec.target)
+        plain.generate(ids, 4)  # warm-up
+        t0 = time.perf_counter()
+        ref = plain.generate(ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        plain_tps = ref.stats.new_tokens / (time.perf_counter() - t0)
+        dec.generate(ids, 4)  # warm-up
     shown, text = [], ""
 
     def stream(new):  # decode everything so far and print only the new suffix (multi-byte safe)
@@ -114,8 +124,13 @@ def _generate(args) -> None:
                        seed=args.seed, on_tokens=stream)
     dt = time.perf_counter() - t0
     st = out.stats
-    print(f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {st.new_tokens / dt:.1f} "
-          f"| target forwards: {st.target_forwards + 1} | prompt tokens: {st.prompt_tokens}")
+    tps = st.new_tokens / dt
+    line = (f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {tps:.1f} "
+            f"| target forwards: {st.target_forwards + 1} | prompt tokens: {st.prompt_tokens}")
+    if plain_tps is not None:
+        same = "identical to plain" if out.tokens == ref.tokens else "differs from plain"
+        line += f" | plain tok/s: {plain_tps:.1f} | speedup: {tps / plain_tps:.2f}x ({same})"
+    print(line)
 
 
 def _bench(args) -> None:

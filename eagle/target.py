@@ -41,29 +41,43 @@ def tree_attention_mask(ancestors: torch.Tensor, prefix_len: int, positions: tor
     return mask[None, None]
 
 
-def _register_tree_attention() -> None:
-    """Register the ``eagle_tree`` attention backend: the Triton kernel for tree steps on CUDA,
-    transformers' SDPA (with its ordinary masks) for everything else."""
+def register_tree_attention() -> str:
+    """Register (once) and return the ``eagle_tree`` attention backend: the tree-attention kernel
+    for calls that carry a ``tree_mask`` (Triton on CUDA or under ``TRITON_INTERPRET=1``, its torch
+    reference elsewhere), transformers' SDPA with its ordinary masks for everything else."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
 
     if _TREE_IMPL in AttentionInterface._global_mapping:
-        return
+        return _TREE_IMPL
 
     def eagle_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                              tree_mask=None, **kwargs):
-        # query (B, Hq, T, D); key/value (B, Hkv, P+T, D); tree_mask (T, W) int32 bit-packed
-        if tree_mask is not None and query.is_cuda and getattr(module, "sliding_window", None) is None:
-            from kernels.tree_attention import tree_attention
+        # query (B, Hq, T, D); key/value (B, Hkv, P+T, D)
+        # tree_mask: (T, W) int32 bit-packed ancestors (target verify), or (n, S+n) bool for a draft
+        # head level whose n new queries follow S earlier tree entries
+        if tree_mask is None or getattr(module, "sliding_window", None) is not None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+        from kernels.tree_attention import tree_attention
 
+        n, m = tree_mask.shape[-2], tree_mask.shape[-1]
+        if tree_mask.dtype == torch.bool and m > n:
+            # pad the queries with the S earlier tree entries (outputs discarded) so the mask is the
+            # square ancestor table the kernel takes
+            B, H, _, D = query.shape
+            q_full = torch.cat([query.new_zeros(B, H, m - n, D), query], dim=2)  # (B, H, S+n, D)
+            anc = torch.eye(m, dtype=torch.bool, device=query.device)
+            anc[m - n:] = tree_mask
+            out = tree_attention(q_full, key, value, anc, scale=scaling)[:, :, m - n:]
+        else:
             out = tree_attention(query, key, value, tree_mask, scale=scaling)  # (B, Hq, T, D)
-            return out.transpose(1, 2).contiguous(), None
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+        return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register(_TREE_IMPL, eagle_tree_attention)
     AttentionMaskInterface.register(_TREE_IMPL, sdpa_mask)
+    return _TREE_IMPL
 
 
 @dataclass
@@ -92,8 +106,7 @@ class Target:
         device = next(model.parameters()).device
         self.use_kernel = attention == "triton" or (attention == "auto" and device.type == "cuda")
         if self.use_kernel:
-            _register_tree_attention()
-            model.set_attn_implementation(_TREE_IMPL)
+            model.set_attn_implementation(register_tree_attention())
         self.eager = model.config._attn_implementation == "eager"
 
     # ---- shapes of the model ------------------------------------------------------------------

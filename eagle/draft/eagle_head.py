@@ -23,6 +23,10 @@ class EagleDrafter(Drafter):
         self.lm_w = head.lm_weight(target.lm_head).detach()  # (Vd, H)
         self.vocab = target.lm_head.weight.shape[0]
         self.d2t = head.draft_vocab.to(target.device) if head.draft_vocab.numel() else None
+        if target.use_kernel:  # the head's tree levels go through the same kernel as the target
+            from ..target import register_tree_attention
+
+            head.layer_config._attn_implementation = register_tree_attention()
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
@@ -36,10 +40,13 @@ class EagleDrafter(Drafter):
         self.pending_x.append(tokens)
 
     # ---- head calls ---------------------------------------------------------------------------
-    def _forward(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``feats (n, H)``, ``toks (n,)``, ``pos (n,)``, ``mask (n, S)`` -> predicted features ``(n, H)``."""
+    def _forward(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``feats (n, H)``, ``toks (n,)``, ``pos (n,)``, ``mask (n, S)`` -> predicted features ``(n, H)``.
+        ``tree_mask``: the tree part of ``mask`` (its last columns), for the tree-attention kernel."""
         emb = self.target.embed(toks)[None]  # (1, n, H)
-        out = self.head(feats[None].to(emb.dtype), emb, pos[None], mask[None, None], cache=self.cache)
+        extra = {"tree_mask": tree_mask} if tree_mask is not None and self.target.use_kernel else {}
+        out = self.head(feats[None].to(emb.dtype), emb, pos[None], mask[None, None], cache=self.cache, **extra)
         return out[0]
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
@@ -83,11 +90,11 @@ class EagleDrafter(Drafter):
                         tree_part[i, slot[a]] = True
                         a, d = par[a], d + 1
                     depth.append(d)
-                mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool), tree_part,
-                                  torch.eye(len(new), dtype=torch.bool)], dim=1).to(dev)
+                tree_cols = torch.cat([tree_part, torch.eye(len(new), dtype=torch.bool)], dim=1).to(dev)
+                mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
                 pos = committed - 1 + torch.tensor(depth, device=dev)
                 f_in = torch.stack([feat[par[n]] for n in new])
-                out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask)
+                out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask, tree_cols)
                 for i, n in enumerate(new):
                     feat[n] = out[i]
                     slot[n] = len(slot)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..prompts import encode_chat
 
-__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "ShardDataset", "load_manifest"]
+__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest"]
 
 
 def read_prompt_records(path: str | Path) -> list[str]:
@@ -105,7 +105,7 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
 
 def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_size: int = 32,
                     max_new_tokens: int = 192, temperature: float = 0.6, top_p: float = 0.95,
-                    shard_prompts: int = 256, seed: int = 0, store_hidden: bool = True) -> dict:
+                    shard_prompts: int = 96, seed: int = 0, store_hidden: bool = True) -> dict:
     """Self-distill ``prompts`` into shards under ``out_dir`` (resumable; see module docstring)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +114,7 @@ def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_s
               else model.generation_config.eos_token_id[0])
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     done = manifest["prompts_done"]
+    manifest.setdefault("hidden_size", int(model.config.get_text_config(decoder=True).hidden_size))
     bar = tqdm(total=len(prompts), initial=done, desc="self-distill", unit="prompt", dynamic_ncols=True)
     while done < len(prompts):
         chunk = prompts[done: done + shard_prompts]
@@ -130,22 +131,32 @@ def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_s
                 plen.append(pl)
             bar.update(len(batch))
             bar.set_postfix(tokens=manifest["tokens"] + sum(len(x) for x in ids_l))
-        lens = torch.tensor([len(x) for x in ids_l])
-        name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        tensors = {"input_ids": torch.cat(ids_l).to(torch.int32),
-                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-                   "prompt_lens": torch.tensor(plen, dtype=torch.int32)}
-        if store_hidden:
-            tensors["hidden"] = torch.cat(hid_l).to(torch.float16)
-        save_file(tensors, str(out_dir / (name + ".tmp")))
-        os.replace(out_dir / (name + ".tmp"), out_dir / name)
         done += len(chunk)
-        manifest["shards"].append({"file": name, "sequences": len(ids_l), "tokens": int(lens.sum())})
-        manifest.update(prompts_done=done, tokens=manifest["tokens"] + int(lens.sum()),
-                        hidden_size=int(model.config.get_text_config(decoder=True).hidden_size),
-                        has_hidden=store_hidden)
-        _write_manifest(out_dir, manifest)
+        write_shard(out_dir, manifest, ids_l, hid_l if store_hidden else None, plen, prompts_done=done)
     bar.close()
+    return manifest
+
+
+def write_shard(out_dir: str | Path, manifest: dict, ids: list[torch.Tensor], hidden: list[torch.Tensor] | None,
+                prompt_lens: list[int], prompts_done: int) -> dict:
+    """Append one shard (sequences ``ids[i] (n_i,)``, features ``hidden[i] (n_i, H)`` or None) and
+    rewrite the manifest atomically; returns the updated manifest."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lens = torch.tensor([len(x) for x in ids])
+    name = f"shard-{len(manifest['shards']):05d}.safetensors"
+    tensors = {"input_ids": torch.cat(ids).to(torch.int32),
+               "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+               "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int32)}
+    if hidden is not None:
+        tensors["hidden"] = torch.cat(hidden).to(torch.float16)
+        manifest["hidden_size"] = int(tensors["hidden"].shape[1])
+    save_file(tensors, str(out_dir / (name + ".tmp")))
+    os.replace(out_dir / (name + ".tmp"), out_dir / name)
+    manifest["shards"].append({"file": name, "sequences": len(ids), "tokens": int(lens.sum())})
+    manifest.update(prompts_done=prompts_done, tokens=manifest["tokens"] + int(lens.sum()),
+                    has_hidden=hidden is not None)
+    _write_manifest(out_dir, manifest)
     return manifest
 
 

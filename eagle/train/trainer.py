@@ -260,9 +260,11 @@ def prepare_data(cfg: TrainConfig, model, tok, run: Run) -> None:
     run.barrier()
 
 
-def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True) -> dict:
+def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step=None) -> dict:
     """Run data preparation (if needed), training with checkpoints/resume, evaluation and export.
 
+    ``model``/``tok`` default to ``load_target(cfg.target)``; ``on_step(step)`` is called after every
+    optimizer step (tests use it to simulate an interruption).
     Returns a summary dict (steps, final eval loss and per-step accuracy, tokens seen)."""
     from ..models import load_target
 
@@ -338,6 +340,8 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True) -> dict
         denom = float(n_global.clamp(min=1))
         bar.set_postfix(loss=f"{float(stats[0]) / denom:.3f}", acc=f"{float(stats[1]) / denom:.3f}")
         bar.update(1)
+        if on_step is not None:
+            on_step(step)
         if step % cfg.checkpoint_every == 0 or step == total:
             if run.main:
                 _save_checkpoint(ckpt, head, opt, step, cfg)
