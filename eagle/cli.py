@@ -15,34 +15,22 @@ class UsageError(Exception):
     pass
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
+def _checked(kind, ok, rule: str):
+    """An argparse type: parse with ``kind``, then require ``ok(value)`` (``rule`` says what failed)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got '{text}'") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return v
+    return parse
 
 
-def _temperature(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def _top_p(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return v
+_positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+_temperature = _checked(float, lambda v: v >= 0, ">= 0")
+_top_p = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 def _add_sampling(p: argparse.ArgumentParser, default_new: int) -> None:
