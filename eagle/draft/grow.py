@@ -56,13 +56,17 @@ def grow_static(root: int, choices: Sequence[Sequence[int]], expand: Expand, sam
         frontier = [i for i in range(n_built) if depth[i] == d and i in kids]
         built = Tree.from_lists(tokens[:n_built], parents[:n_built])
         logits = expand(built, frontier)  # (F, V)
+        sampled = sample and not sampling.greedy
         for f, row in zip(frontier, logits):
-            want = max(ranks[c] for c in kids[f]) + 1
+            # sampled children must be the FIRST draws without replacement (the verifier's proposal
+            # for a child removes exactly its earlier siblings), so rank gaps are closed up
+            want = len(kids[f]) if sampled else max(ranks[c] for c in kids[f]) + 1
             toks, logq, q = _children_of(row, want, sampling, sample)
             if q is not None:
                 q_rows[f] = q
-            for c in kids[f]:
-                r = ranks[c] if ranks[c] < len(toks) else len(toks) - 1  # tiny support: reuse the last
+            for j, c in enumerate(kids[f]):
+                r = j if sampled else ranks[c]
+                r = r if r < len(toks) else len(toks) - 1  # tiny support: reuse the last
                 tokens[c] = int(toks[r])
                 scores[c] = scores[f] + float(logq[r])
         n_built = sum(1 for x in depth if x <= d + 1)

@@ -1,0 +1,142 @@
+"""Shared fixtures: tiny random-config causal LMs of several architectures, random trees."""
+from __future__ import annotations
+
+import os
+
+# Triton kernels are tested on the CPU through the interpreter; it must be chosen before anything
+# (transformers included) imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from eagle.draft.base import Drafter
+from eagle.tree import Tree
+
+ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+TINY_VOCAB = 128
+GEMMA_WINDOW = 8
+MISTRAL_WINDOW = 12
+
+
+def _tiny_config(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    if arch == "llama":
+        return tf.LlamaConfig(**common)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common)
+    if arch == "qwen3":
+        return tf.Qwen3Config(head_dim=16, **common)
+    if arch == "mistral":
+        # every layer slides, with a window smaller than the prompts used in the tests
+        return tf.MistralConfig(sliding_window=MISTRAL_WINDOW, **common)
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW,
+                                   layer_types=["sliding_attention", "full_attention"], **common)
+    # variants beyond the main five
+    if arch == "gemma3-softcap":  # final-logit and attention-logit soft-capping
+        return tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW,
+                                   layer_types=["full_attention", "sliding_attention"],
+                                   final_logit_softcapping=5.0, attn_logit_softcapping=20.0, **common)
+    if arch == "qwen2-sliding":  # Qwen2's own switch: the layers above max_window_layers slide
+        return tf.Qwen2Config(use_sliding_window=True, sliding_window=GEMMA_WINDOW, max_window_layers=1, **common)
+    raise ValueError(arch)
+
+
+def make_tiny_model(arch: str, seed: int = 0, logit_scale: float = 30.0, attn: str = "sdpa"):
+    """A 2-layer random model in fp32 with SDPA attention and peaked (well separated) logits.
+
+    The LM head is multiplied by ``logit_scale`` so greedy argmax margins are large compared to the
+    fp32 noise of different (but mathematically equal) attention layouts. No EOS token is set on the
+    model (generation runs to ``max_new_tokens`` unless a test passes one explicitly).
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = _tiny_config(arch)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(logit_scale)
+    model.eval()
+    model.requires_grad_(False)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.generation_config.bos_token_id = 0
+    return model
+
+
+_MODEL_CACHE: dict = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Factory ``tiny_model(arch, seed=0, attn="sdpa")``; models are built once per session and
+    shared, so tests must not modify them."""
+
+    def get(arch: str, seed: int = 0, attn: str = "sdpa"):
+        key = (arch, seed, attn)
+        if key not in _MODEL_CACHE:
+            _MODEL_CACHE[key] = make_tiny_model(arch, seed, attn=attn)
+        return _MODEL_CACHE[key]
+
+    return get
+
+
+def random_parents(n: int, gen: torch.Generator, max_children: int | None = None) -> list[int]:
+    """``parents`` of a random tree with ``n`` nodes: parents[0] = -1, parents[i] uniform in [0, i)."""
+    parents = [-1]
+    counts = [0] * n
+    for i in range(1, n):
+        while True:
+            p = int(torch.randint(0, i, (), generator=gen))
+            if max_children is None or counts[p] < max_children:
+                break
+        counts[p] += 1
+        parents.append(p)
+    return parents
+
+
+def make_random_tree(n: int, vocab: int, gen: torch.Generator, root: int | None = None,
+                     distinct_siblings: bool = True, max_children: int | None = None) -> Tree:
+    """A random non-uniform tree of ``n`` nodes with random tokens in ``[0, vocab)``."""
+    parents = random_parents(n, gen, max_children)
+    tokens = [int(torch.randint(0, vocab, (), generator=gen)) if root is None else int(root)]
+    used: dict[int, set[int]] = {}
+    for i in range(1, n):
+        while True:
+            t = int(torch.randint(0, vocab, (), generator=gen))
+            if not distinct_siblings or t not in used.setdefault(parents[i], set()):
+                break
+        used.setdefault(parents[i], set()).add(t)
+        tokens.append(t)
+    return Tree.from_lists(tokens, parents)
+
+
+@pytest.fixture
+def random_tree():
+    """Factory ``random_tree(n, vocab, seed=0, root=None, ...)``."""
+
+    def make(n: int, vocab: int, seed: int = 0, **kw) -> Tree:
+        gen = torch.Generator().manual_seed(seed)
+        return make_random_tree(n, vocab, gen, **kw)
+
+    return make
+
+
+class RandomTreeDrafter(Drafter):
+    """Proposes random non-uniform trees of random tokens: almost every draft is wrong."""
+
+    def __init__(self, vocab: int, seed: int = 0, max_nodes: int = 10):
+        self.vocab, self.max_nodes = vocab, max_nodes
+        self.gen = torch.Generator().manual_seed(seed)
+        self.proposed: list[Tree] = []
+
+    def propose(self, root, sampling):
+        n = int(torch.randint(1, self.max_nodes + 1, (), generator=self.gen))
+        tree = make_random_tree(n, self.vocab, self.gen, root=root)
+        self.proposed.append(tree)
+        return tree

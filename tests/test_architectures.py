@@ -1,0 +1,246 @@
+"""The tree forward, KV compaction and greedy decoding on tiny random models of every supported
+architecture (Llama, Qwen2, Qwen3, Mistral with a sliding window, Gemma-3 mixing sliding and full
+attention layers), compared with plain causal forwards and ``model.generate``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagle.target
+from eagle import Target, TreeDecoder
+from eagle.draft import NoDrafter, SelfDrafter, TreeShape
+from eagle.tree import Tree
+
+from conftest import ARCHS, GEMMA_WINDOW, MISTRAL_WINDOW, TINY_VOCAB, RandomTreeDrafter, random_parents
+
+V = TINY_VOCAB
+PREFIX = 24  # longer than both sliding windows
+assert PREFIX > max(GEMMA_WINDOW, MISTRAL_WINDOW)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add overhead on a shared machine
+    yield
+    torch.set_num_threads(n)
+
+
+def deep_random_tree(gen: torch.Generator, chain: int = 11, extra: int = 9, root: int | None = None) -> Tree:
+    """A non-uniform tree: a chain of ``chain`` nodes (deeper than the sliding windows) plus
+    ``extra`` nodes hung under random earlier nodes; random tokens (siblings may repeat)."""
+    parents = list(range(-1, chain - 1))
+    for i in range(chain, chain + extra):
+        parents.append(int(torch.randint(0, i, (), generator=gen)))
+    tokens = torch.randint(0, V, (chain + extra,), generator=gen)
+    if root is not None:
+        tokens[0] = root
+    return Tree(tokens, torch.tensor(parents))
+
+
+@torch.no_grad()
+def causal_last_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids[None]).logits[0, -1].float()
+
+
+@torch.no_grad()
+def reference_tree_logits(model, context: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """Row i: last-position logits of a plain causal forward over ``context + path_to(i)``."""
+    return torch.stack([causal_last_logits(model, torch.cat([context, tree.tokens[tree.path_to(i)]]))
+                        for i in range(len(tree))])
+
+
+def arch_seed(arch: str) -> int:
+    return ARCHS.index(arch) + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) one tree forward == a causal forward per node
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_matches_causal_forward(arch, tiny_model):
+    model = tiny_model(arch)
+    target = Target(model, "reference")
+    gen = torch.Generator().manual_seed(arch_seed(arch))
+    prefix = torch.randint(0, V, (PREFIX,), generator=gen)
+    for tree in (deep_random_tree(gen), Tree.from_lists(*_wide_tree(gen))):
+        cache = target.new_cache()
+        target.prefill(prefix, cache)
+        out = target.tree_forward(tree, cache)
+        assert cache.get_seq_length() == PREFIX + len(tree)
+        assert out.logits.shape == (len(tree), V) and out.logits.dtype == torch.float32
+        assert out.hidden.shape == (len(tree), model.config.hidden_size)
+        ref = reference_tree_logits(model, prefix, tree)
+        torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=0)
+
+
+def _wide_tree(gen: torch.Generator):
+    parents = random_parents(16, gen)
+    return torch.randint(0, V, (16,), generator=gen).tolist(), parents
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_sliding_window_is_exercised(arch, tiny_model, monkeypatch):
+    """Negative control: the same check fails when the tree mask ignores the sliding window."""
+    model = tiny_model(arch)
+    target = Target(model, "reference")
+    gen = torch.Generator().manual_seed(arch_seed(arch))
+    prefix = torch.randint(0, V, (PREFIX,), generator=gen)
+    tree = deep_random_tree(gen)
+    ref = reference_tree_logits(model, prefix, tree)
+
+    real = eagle.target.tree_attention_mask
+    monkeypatch.setattr(eagle.target, "tree_attention_mask",
+                        lambda anc, prefix_len, positions, window=None: real(anc, prefix_len, positions, None))
+    cache = target.new_cache()
+    target.prefill(prefix, cache)
+    wrong = target.tree_forward(tree, cache).logits
+    assert (wrong - ref).abs().max() > 1e-2
+
+
+def test_tree_forward_first_token_no_prefix_window(tiny_model):
+    """A prefix shorter than the window (no key falls out of it) on the Gemma-3 model."""
+    model = tiny_model("gemma3")
+    target = Target(model, "reference")
+    gen = torch.Generator().manual_seed(99)
+    prefix = torch.randint(0, V, (3,), generator=gen)
+    tree = Tree.from_lists(*_wide_tree(gen))
+    cache = target.new_cache()
+    target.prefill(prefix, cache)
+    out = target.tree_forward(tree, cache)
+    torch.testing.assert_close(out.logits, reference_tree_logits(model, prefix, tree), atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) commit of an accepted path, then the next tree forward
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_commit_then_next_tree_forward(arch, tiny_model):
+    """Three decoding-like rounds: tree forward, commit a (non-contiguous) root-to-node path, and
+    the next tree forward equals a fresh causal forward over everything committed so far."""
+    model = tiny_model(arch)
+    target = Target(model, "reference")
+    gen = torch.Generator().manual_seed(10 + arch_seed(arch))
+    context = torch.randint(0, V, (PREFIX,), generator=gen)
+    cache = target.new_cache()
+    target.prefill(context, cache)
+    tree = deep_random_tree(gen, chain=4, extra=10)
+    for rnd in range(3):
+        P = cache.get_seq_length()
+        assert P == len(context)
+        out = target.tree_forward(tree, cache)
+        torch.testing.assert_close(out.logits, reference_tree_logits(model, context, tree), atol=1e-4, rtol=0)
+        # the deepest non-contiguous root-to-node path (round 2: a contiguous chain prefix, the slice branch)
+        if rnd == 1:
+            path = [0, 1, 2]
+        else:
+            cands = [tree.path_to(i) for i in range(len(tree))]
+            path = max((p for p in cands if p != list(range(len(p)))), key=len)
+            assert path != list(range(len(path)))
+        Target.commit(cache, P, path)
+        assert cache.get_seq_length() == P + len(path)
+        for layer in cache.layers:
+            assert layer.keys.shape[-2] == P + len(path) and layer.values.shape[-2] == P + len(path)
+        context = torch.cat([context, tree.tokens[path]])
+        tree = deep_random_tree(gen, chain=4, extra=10, root=int(torch.randint(0, V, (), generator=gen)))
+    # and the compacted cache equals a freshly prefilled one, entry for entry
+    fresh = target.new_cache()
+    target.prefill(context, fresh)
+    for a, b in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=0)
+        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# (c) greedy TreeDecoder == model.generate
+# ------------------------------------------------------------------------------------------------
+
+K = 3  # chain length of the self drafter
+M = 6
+N_NEW = 1 + M * (K + 1)  # 25: a whole number of fully accepted K-chains after the prefill token
+STATIC = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+DRAFTERS = ("plain", "self-chain", "self-static", "random")
+PROMPT_LENGTHS = (3, PREFIX)
+
+_generated: dict = {}
+
+
+def reference_generate(model, arch: str, prompt: torch.Tensor) -> list[int]:
+    key = (arch, tuple(prompt.tolist()))
+    if key not in _generated:
+        with torch.no_grad():
+            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0)
+        _generated[key] = out[0, len(prompt):].tolist()
+        assert len(_generated[key]) == N_NEW
+    return _generated[key]
+
+
+def make_drafter(kind: str, target: Target, seed: int):
+    if kind == "plain":
+        return NoDrafter()
+    if kind == "self-chain":
+        return SelfDrafter(target, TreeShape("chain", depth=K))
+    if kind == "self-static":
+        return SelfDrafter(target, TreeShape("static", choices=STATIC))
+    return RandomTreeDrafter(V, seed=seed)
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_decoder_matches_generate(arch, kind, tiny_model):
+    model = tiny_model(arch)
+    target = Target(model, "reference")
+    for n_prompt in PROMPT_LENGTHS:
+        gen = torch.Generator().manual_seed(1000 * arch_seed(arch) + n_prompt)
+        prompt = torch.randint(0, V, (n_prompt,), generator=gen)
+        expected = reference_generate(model, arch, prompt)
+        drafter = make_drafter(kind, target, seed=n_prompt)
+        out = TreeDecoder(target, drafter).generate(prompt, max_new_tokens=N_NEW)
+        assert out.tokens == expected, (arch, kind, n_prompt)
+        st = out.stats
+        assert st.new_tokens == N_NEW and st.prompt_tokens == n_prompt
+        assert sum(st.accepted_hist) == st.target_forwards
+        if kind == "plain":
+            assert st.target_forwards == N_NEW - 1 and st.tau == 1.0 and st.tree_nodes == N_NEW - 1
+        elif kind == "self-chain":  # the oracle's chain is always accepted in full
+            assert st.tau == K + 1 and st.target_forwards == M
+            assert st.accepted_hist == [0] * K + [M]
+            assert st.tree_nodes == M * (K + 1)
+        elif kind == "self-static":  # its best branch [0, 0, 0] is the greedy continuation
+            assert st.tau == 4 and st.target_forwards == M
+            assert st.tree_nodes == M * (len(STATIC) + 1)
+        else:  # random drafts: nearly all rejected, yet the output is unchanged
+            assert st.tau < 1.2
+            assert st.target_forwards >= (N_NEW - 1) / 1.2
+            assert any(len(t) > 1 and max(len(c) for c in t.children()) > 1 and int(t.depth.max()) > 1
+                       for t in drafter.proposed)  # really non-uniform trees
+
+
+# ------------------------------------------------------------------------------------------------
+# variants: logit soft-capping, Qwen2's own sliding-window switch, eager attention (additive masks)
+# ------------------------------------------------------------------------------------------------
+
+VARIANTS = [("gemma3-softcap", "sdpa"), ("qwen2-sliding", "sdpa"), ("llama", "eager"), ("gemma3", "eager")]
+
+
+@pytest.mark.parametrize("arch, attn", VARIANTS, ids=[f"{a}-{b}" for a, b in VARIANTS])
+def test_variants_tree_forward_and_greedy(arch, attn, tiny_model):
+    model = tiny_model(arch, attn=attn)
+    target = Target(model, "reference")
+    assert target.eager == (attn == "eager")
+    gen = torch.Generator().manual_seed(77)
+    prefix = torch.randint(0, V, (PREFIX,), generator=gen)
+    tree = deep_random_tree(gen)
+    cache = target.new_cache()
+    target.prefill(prefix, cache)
+    out = target.tree_forward(tree, cache)
+    torch.testing.assert_close(out.logits, reference_tree_logits(model, prefix, tree), atol=1e-4, rtol=0)
+    expected = reference_generate(model, f"{arch}-{attn}", prefix)
+    for kind in ("self-static", "random"):
+        dec = TreeDecoder(target, make_drafter(kind, target, seed=5))
+        assert dec.generate(prefix, max_new_tokens=N_NEW).tokens == expected, kind

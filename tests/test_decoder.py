@@ -1,0 +1,383 @@
+"""TreeDecoder behaviour: EOS, token budget, stats, seeded sampling, argument checks, n-gram drafting."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle import DecodeStats, Target, TreeDecoder, load_config
+from eagle.draft import NgramDrafter, NoDrafter, Sampling, SelfDrafter, TreeShape
+
+from conftest import TINY_VOCAB, RandomTreeDrafter
+
+V = TINY_VOCAB
+K = 3
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model):
+    model = tiny_model("llama")
+    return model, Target(model, "reference")
+
+
+def prompt_ids(seed: int = 0, n: int = 12) -> torch.Tensor:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+_plain: dict = {}
+
+
+def plain_greedy(model, prompt: torch.Tensor, n: int = 40, eos=None) -> list[int]:
+    key = (id(model), tuple(prompt.tolist()), n, eos)
+    if key not in _plain:
+        with torch.no_grad():
+            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)
+        _plain[key] = out[0, len(prompt):].tolist()
+    return _plain[key]
+
+
+def self_chain(target, k: int = K, sample: bool = False):
+    return SelfDrafter(target, TreeShape("chain", depth=k), sample=sample)
+
+
+# ------------------------------------------------------------------------------------------------
+# EOS
+# ------------------------------------------------------------------------------------------------
+
+
+def _first_occurrences(tokens: list[int]) -> dict[int, int]:
+    first: dict[int, int] = {}
+    for i, t in enumerate(tokens):
+        first.setdefault(t, i)
+    return first
+
+
+@pytest.mark.parametrize("where", ["inside-branch", "bonus", "first-token"])
+def test_eos_stops_output(where, llama):
+    model, target = llama
+    # with the oracle K-chain, step s emits positions 4s-3 .. 4s; 4s is the bonus token
+    ok = {"inside-branch": lambda j: j >= 2 and j % (K + 1) != 0,
+          "bonus": lambda j: j >= K + 1 and j % (K + 1) == 0,
+          "first-token": lambda j: j == 0}[where]
+    for seed in range(1, 30):  # the first prompt whose greedy output has such a position
+        prompt = prompt_ids(seed)
+        plain = plain_greedy(model, prompt)
+        candidates = sorted(j for t, j in _first_occurrences(plain).items() if ok(j))
+        if candidates:
+            break
+    assert candidates, "no usable EOS position"
+    j = candidates[0] if where == "first-token" else candidates[len(candidates) // 2]
+    eos = plain[j]
+    streamed: list[int] = []
+    out = TreeDecoder(target, self_chain(target), eos_token_id=eos).generate(prompt, 40, on_tokens=streamed.extend)
+    assert out.tokens == plain[: j + 1]
+    assert streamed == out.tokens
+    assert out.tokens == plain_greedy(model, prompt, eos=eos)  # transformers stops at the same place
+    st = out.stats
+    assert st.new_tokens == j + 1
+    assert st.target_forwards == math.ceil(j / (K + 1))
+    assert sum(st.accepted_hist) == st.target_forwards
+    if j > 0:
+        assert st.accepted_hist == [0] * K + [st.target_forwards]  # the last chain was accepted in full
+
+
+def test_eos_list_and_plain_drafter(llama):
+    model, target = llama
+    prompt = prompt_ids(2)
+    plain = plain_greedy(model, prompt)
+    first = _first_occurrences(plain)
+    stops = sorted(first.values())[3:5]  # two tokens whose first occurrence comes later
+    eos = [plain[stops[1]], plain[stops[0]]]
+    out = TreeDecoder(target, NoDrafter(), eos_token_id=eos).generate(prompt, 40)
+    assert out.tokens == plain[: stops[0] + 1]
+    assert out.stats.target_forwards == stops[0]
+
+
+def test_eos_default_from_generation_config():
+    from conftest import make_tiny_model
+
+    model = make_tiny_model("qwen2", seed=3)  # a private copy: its generation config is edited
+    prompt = prompt_ids(3)
+    plain = plain_greedy(model, prompt)
+    j = sorted(_first_occurrences(plain).values())[4]
+    model.generation_config.eos_token_id = plain[j]
+    out = TreeDecoder(model, None, attention="reference").generate(prompt, 40)
+    assert out.tokens == plain[: j + 1]
+
+
+# ------------------------------------------------------------------------------------------------
+# token budget and stats
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 9, 13, 22])
+def test_max_new_tokens_exact(n, llama):
+    model, target = llama
+    prompt = prompt_ids(4)
+    plain = plain_greedy(model, prompt)
+    for drafter in (self_chain(target), RandomTreeDrafter(V, seed=n), NoDrafter()):
+        out = TreeDecoder(target, drafter).generate(prompt, n)
+        assert out.tokens == plain[:n]
+        assert out.stats.new_tokens == n
+        assert sum(out.stats.accepted_hist) == out.stats.target_forwards
+    if n == 1:
+        assert out.stats.target_forwards == 0 and out.stats.tau == 1.0 and out.stats.accepted_hist == []
+
+
+def check_stats(st: DecodeStats, tokens: list[int], trees: list | None = None):
+    assert st.new_tokens == len(tokens)
+    assert sum(st.accepted_hist) == st.target_forwards
+    # every step emits (accepted + 1) tokens, the last one possibly cut by EOS / the budget
+    assert sum((a + 1) * h for a, h in enumerate(st.accepted_hist)) >= st.new_tokens - 1
+    assert len(st.depth_tried) == len(st.depth_accepted)
+    assert all(0.0 <= x <= 1.0 for x in st.per_depth_acceptance)
+    assert all(a <= t for a, t in zip(st.depth_accepted, st.depth_tried))
+    # depth_tried is non-increasing (a tree reaching depth d also reaches d - 1)
+    assert all(x >= y for x, y in zip(st.depth_tried, st.depth_tried[1:]))
+    # accepted at depth d == steps that accepted at least d tokens
+    for d in range(len(st.depth_accepted)):
+        assert st.depth_accepted[d] == sum(st.accepted_hist[d + 1:])
+    if trees is not None:
+        assert st.tree_nodes == sum(len(t) for t in trees)
+        assert st.target_forwards == len(trees)
+        assert len(st.depth_tried) == max([int(t.depth.max()) for t in trees] + [0])
+        assert st.depth_tried[:1] == [sum(len(t) > 1 for t in trees)][: len(st.depth_tried)]
+    d = st.as_dict()
+    assert d["new_tokens"] == st.new_tokens and d["target_forwards"] == st.target_forwards
+    assert d["tau"] == st.tau and d["accepted_hist"] == st.accepted_hist
+    assert d["mean_tree_nodes"] == pytest.approx(st.tree_nodes / max(st.target_forwards, 1))
+    assert set(d["time_s"]) == {"prefill", "draft", "verify", "bookkeeping"}
+    assert all(v >= 0 for v in d["time_s"].values())
+
+
+class RecordingSelfDrafter(SelfDrafter):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.proposed = []
+
+    def propose(self, root, sampling):
+        tree = super().propose(root, sampling)
+        self.proposed.append(tree)
+        return tree
+
+
+class RecordingNgram(NgramDrafter):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.proposed = []
+
+    def propose(self, root, sampling):
+        tree = super().propose(root, sampling)
+        self.proposed.append(tree)
+        return tree
+
+
+@pytest.mark.parametrize("kind", ["self-chain", "self-static", "random", "ngram"])
+def test_stats_consistent(kind, llama):
+    model, target = llama
+    prompt = prompt_ids(5, n=30)
+    depth = {"self-chain": K, "self-static": 2}.get(kind, K)
+    n = 1 + 8 * (depth + 1)
+    drafter = {"self-chain": lambda: RecordingSelfDrafter(target, TreeShape("chain", depth=K)),
+               "self-static": lambda: RecordingSelfDrafter(target, TreeShape("static", choices=[[0], [1], [0, 0], [1, 0], [1, 1]])),
+               "random": lambda: RandomTreeDrafter(V, seed=1),
+               "ngram": lambda: RecordingNgram(3, 1, 4, 3)}[kind]()
+    out = TreeDecoder(target, drafter).generate(prompt, n)
+    assert out.tokens == plain_greedy(model, prompt, n=n)
+    check_stats(out.stats, out.tokens, drafter.proposed)
+    if kind.startswith("self"):
+        assert out.stats.tau == depth + 1 and out.stats.target_forwards == 8
+        assert out.stats.per_depth_acceptance == [1.0] * depth
+        # no truncation here: every emitted token is accounted for by the histogram
+        assert sum((a + 1) * h for a, h in enumerate(out.stats.accepted_hist)) == n - 1
+
+
+def test_stats_merge():
+    a = DecodeStats(new_tokens=5, target_forwards=2, tree_nodes=7)
+    a.record(3, 2)
+    a.record(3, 0)
+    b = DecodeStats(new_tokens=4, target_forwards=1, tree_nodes=5)
+    b.record(5, 4)
+    a.merge(b)
+    assert a.new_tokens == 9 and a.target_forwards == 3 and a.tree_nodes == 12
+    assert a.accepted_hist == [1, 0, 1, 0, 1]
+    assert a.depth_tried == [3, 3, 3, 1, 1]
+    assert a.depth_accepted == [2, 2, 1, 1, 0]
+    assert a.per_depth_acceptance == [2 / 3, 2 / 3, 1 / 3, 1.0, 0.0]
+    assert a.tau == (9 - 1) / 3
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plain", "self-topk", "self-sampled", "random"])
+def test_sampling_reproducible_with_seed(kind, llama):
+    model, target = llama
+    prompt = prompt_ids(6)
+
+    def run(seed):
+        drafter = {"plain": NoDrafter, "self-topk": lambda: self_chain(target),
+                   "self-sampled": lambda: self_chain(target, sample=True),
+                   "random": lambda: RandomTreeDrafter(V, seed=0)}[kind]()
+        return TreeDecoder(target, drafter).generate(prompt, 30, temperature=1.3, top_p=0.95, seed=seed)
+
+    a, b = run(123), run(123)
+    assert a.tokens == b.tokens and len(a.tokens) == 30
+    assert a.stats.accepted_hist == b.stats.accepted_hist
+    others = [run(s).tokens for s in (1, 2, 3)]
+    assert any(o != a.tokens for o in others)  # the seed matters
+    greedy = plain_greedy(model, prompt)[:30]
+    assert any(o != greedy for o in others + [a.tokens])  # and it is not greedy decoding
+    if kind == "self-sampled":
+        # children drawn from q == p (the target drafting for itself): practically always accepted
+        assert a.stats.tau >= K + 0.5
+
+
+def test_sampling_draws_from_nucleus(llama):
+    """top_p tiny: only the top token survives, so sampling must equal greedy decoding."""
+    model, target = llama
+    prompt = prompt_ids(7)
+    out = TreeDecoder(target, self_chain(target, sample=True)).generate(prompt, 25, temperature=0.9,
+                                                                         top_p=1e-6, seed=5)
+    assert out.tokens == plain_greedy(model, prompt)[:25]
+
+
+# ------------------------------------------------------------------------------------------------
+# argument checks
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_new_tokens=0), dict(max_new_tokens=-1), dict(max_new_tokens=2.5),
+    dict(max_new_tokens=5, temperature=-0.1),
+    dict(max_new_tokens=5, temperature=1.0, top_p=0.0), dict(max_new_tokens=5, top_p=1.5),
+    dict(max_new_tokens=5, top_p=-0.5),
+])
+def test_bad_arguments_raise(kwargs, llama):
+    _, target = llama
+    with pytest.raises(ValueError):
+        TreeDecoder(target).generate(prompt_ids(0), **kwargs)
+
+
+@pytest.mark.parametrize("ids", [
+    torch.tensor([], dtype=torch.long), [], torch.zeros(2, 5, dtype=torch.long),
+    torch.zeros(1, 0, dtype=torch.long), torch.zeros(2, 2, 2, dtype=torch.long),
+])
+def test_bad_input_ids_raise(ids, llama):
+    _, target = llama
+    with pytest.raises(ValueError):
+        TreeDecoder(target).generate(ids, 5)
+
+
+def test_prompt_longer_than_context_raises(llama):
+    model, target = llama
+    ctx = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match="context"):
+        TreeDecoder(target).generate(torch.zeros(ctx + 1, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="context"):
+        TreeDecoder(target).generate(torch.zeros(ctx - 3, dtype=torch.long), 4)
+    ids = torch.randint(0, V, (ctx - 7,), generator=torch.Generator().manual_seed(0))
+    plain = TreeDecoder(target).generate(ids, 7).tokens  # fits exactly
+    assert len(plain) == 7
+    # drafted nodes may sit past the last position (they are cut by the budget): same tokens
+    out = TreeDecoder(target, self_chain(target, k=4)).generate(ids, 7)
+    assert out.tokens == plain
+
+
+def test_2d_input_and_bad_attention(llama):
+    model, target = llama
+    prompt = prompt_ids(8)
+    out = TreeDecoder(target).generate(prompt[None], 6)
+    assert out.tokens == plain_greedy(model, prompt)[:6]
+    with pytest.raises(ValueError):
+        Target(model, "flash")
+
+
+# ------------------------------------------------------------------------------------------------
+# n-gram drafting
+# ------------------------------------------------------------------------------------------------
+
+
+def ngram_with_history(history, **kw) -> NgramDrafter:
+    d = NgramDrafter(**kw)
+    d.reset(torch.tensor(history[:1]))
+    d.extend(torch.zeros(len(history) - 1, 4), torch.tensor(history[1:]))
+    assert d.history == list(history)
+    return d
+
+
+def test_ngram_continuations_branches():
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12
+    history = [5, 1, 2, 3, 4, 9, 1, 2, 6, 7, 9, 1, 2]
+    d = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=3)
+    # [9, 1, 2] occurred at 5 -> 6 7 9; [1, 2] also at 1 -> 3 4 9; [2] adds nothing new
+    assert d.continuations() == [[6, 7, 9], [3, 4, 9]]
+    tree = d.propose(2, Sampling())
+    assert tree.tokens.tolist() == [2, 6, 7, 9, 3, 4, 9]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 0, 4, 5]
+    assert len(tree.children()[0]) == 2
+    # branches caps the number of continuations
+    d1 = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=1)
+    assert d1.continuations() == [[6, 7, 9]]
+    assert d1.propose(2, Sampling()).tokens.tolist() == [2, 6, 7, 9]
+
+
+def test_ngram_shared_prefix_becomes_trie():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    history = [1, 2, 6, 7, 0, 1, 2, 6, 8, 0, 1, 2]
+    d = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=3)
+    assert d.continuations() == [[6, 8, 0], [6, 7, 0]]
+    tree = d.propose(2, Sampling())
+    assert tree.tokens.tolist() == [2, 6, 8, 0, 7, 0]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 1, 4]
+    assert tree.children()[1] == [2, 4]  # two branches under the shared first token
+
+
+def test_ngram_most_recent_first_and_min_ngram():
+    history = [3, 4, 8, 3, 4, 9, 9, 4]
+    d = ngram_with_history(history, max_ngram=2, min_ngram=1, depth=2, branches=5)
+    # suffix [9, 4]: no earlier occurrence; [4]: at 4 -> 9 9, at 1 -> 8 3 (most recent first)
+    assert d.continuations() == [[9, 9], [8, 3]]
+    d2 = ngram_with_history(history, max_ngram=2, min_ngram=2, depth=2, branches=5)
+    assert d2.continuations() == []
+    assert d2.propose(4, Sampling()).tokens.tolist() == [4]  # nothing matches: a one-node tree
+
+
+def test_ngram_truncated_continuation_is_not_duplicated():
+    # the most recent match of [7] continues with just [5] (end of history); a longer earlier one
+    # starting with the same token is still added, the truncated prefix is not a separate branch
+    history = [7, 5, 1, 2, 7, 5, 7]
+    d = ngram_with_history(history, max_ngram=1, min_ngram=1, depth=3, branches=4)
+    assert d.continuations() == [[5, 7], [5, 1, 2]]
+    tree = d.propose(7, Sampling())
+    assert tree.tokens.tolist() == [7, 5, 7, 1, 2]
+    assert tree.parents.tolist() == [-1, 0, 1, 1, 3]
+
+
+def test_ngram_decoder_greedy_exact_and_accepts(llama):
+    model, target = llama
+    prompt = prompt_ids(9)
+    n = 60
+    plain = plain_greedy(model, prompt, n=n)
+    cfg = load_config(CONFIGS / "ngram.yaml")
+    dec = TreeDecoder.from_config(target, cfg)
+    assert isinstance(dec.drafter, NgramDrafter) and dec.drafter.branches == 3
+    out = dec.generate(prompt, n)
+    assert out.tokens == plain
+    # the tiny model falls into a loop, which prompt lookup then predicts
+    assert out.stats.tau > 1.2
+    check_stats(out.stats, out.tokens)
