@@ -50,12 +50,8 @@ class EagleDrafter(Drafter):
         return out[0]
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """Draft logits in the target's vocabulary ``(n, V)``; ids outside the draft vocab get -inf."""
-        small = feats @ self.lm_w.T  # (n, Vd)
-        if self.d2t is None:
-            return small.float()
-        full = torch.full((feats.shape[0], self.vocab), -float("inf"), device=feats.device)
-        return full.index_copy_(1, self.d2t, small.float())
+        """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids)."""
+        return (feats @ self.lm_w.T).float()
 
     def catch_up(self) -> torch.Tensor:
         """Run the pending committed pairs through the head; returns the last predicted feature."""
@@ -100,6 +96,6 @@ class EagleDrafter(Drafter):
                     slot[n] = len(slot)
             return self._logits(torch.stack([feat[n] for n in nodes]))
 
-        tree = self.shape.grow(root, expand, sampling, self.sample)
+        tree = self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)
         Target.crop(self.cache, committed)
         return tree

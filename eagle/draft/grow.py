@@ -1,6 +1,8 @@
 """Growing a tree from any model-like drafter: static choice lists (chain included) and EAGLE-2's
-dynamic tree. A drafter supplies ``expand(tree, nodes) -> logits (len(nodes), V)``: its next-token
-logits after each of ``nodes`` of the partial ``tree`` (built so far, parents before children)."""
+dynamic tree. A drafter supplies ``expand(tree, nodes) -> logits (len(nodes), V')``: its next-token
+logits after each of ``nodes`` of the partial ``tree`` (built so far, parents before children).
+A drafter with a reduced vocabulary returns logits over it (V' = Vd) and passes ``vocab_map``
+(``(Vd,)`` target ids) so that top-k and softmax run over Vd entries, not the full vocabulary."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -19,7 +21,8 @@ Expand = Callable[[Tree, list[int]], torch.Tensor]
 def _children_of(logits: torch.Tensor, k: int, sampling: Sampling, sample: bool):
     """Top-k tokens (deterministic) or k tokens sampled without replacement from q (Gumbel top-k).
 
-    Returns ``(tokens (k',), logq (k',), q (V,) or None)``; k' <= k when q has fewer nonzero entries.
+    Returns ``(tokens (k',), logq (k',), q (V',) or None)`` in the logits' own index space; k' <= k
+    when q has fewer nonzero entries.
     """
     if sample and not sampling.greedy:
         q = probs_from_logits(logits, sampling.temperature, sampling.top_p)  # (V,)
@@ -34,8 +37,12 @@ def _children_of(logits: torch.Tensor, k: int, sampling: Sampling, sample: bool)
     return top.indices, top.values, None
 
 
+def _to_target(toks: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
+    return toks if vocab_map is None else vocab_map[toks]
+
+
 def grow_static(root: int, choices: Sequence[Sequence[int]], expand: Expand, sampling: Sampling,
-                sample: bool = False) -> Tree:
+                sample: bool = False, vocab_map: torch.Tensor | None = None, vocab_size: int | None = None) -> Tree:
     """Fill a static shape (Medusa/EAGLE-1 choice list; a chain is ``chain_choices(K)``) level by level.
 
     Each level is one ``expand`` call over that level's nodes that have children; a node's child of
@@ -62,8 +69,10 @@ def grow_static(root: int, choices: Sequence[Sequence[int]], expand: Expand, sam
             # for a child removes exactly its earlier siblings), so rank gaps are closed up
             want = len(kids[f]) if sampled else max(ranks[c] for c in kids[f]) + 1
             toks, logq, q = _children_of(row, want, sampling, sample)
+            toks = _to_target(toks, vocab_map)
             if q is not None:
-                q_rows[f] = q
+                q_rows[f] = q if vocab_map is None else torch.zeros(vocab_size, dtype=q.dtype,
+                                                                      device=q.device).index_copy_(0, vocab_map, q)
             for j, c in enumerate(kids[f]):
                 r = j if sampled else ranks[c]
                 r = r if r < len(toks) else len(toks) - 1  # tiny support: reuse the last
@@ -120,7 +129,7 @@ def select_dynamic(scores: torch.Tensor, parents: torch.Tensor, total: int) -> t
 
 
 def grow_dynamic(root: int, depth: int, top_k: int, total_tokens: int, expand: Expand,
-                 sampling: Sampling) -> Tree:
+                 sampling: Sampling, vocab_map: torch.Tensor | None = None) -> Tree:
     """EAGLE-2 dynamic tree: expand the ``top_k`` best frontier nodes (by cumulative draft
     log-prob) at each of ``depth`` levels, each with its ``top_k`` best children, then keep the best
     ``total_tokens`` drafted nodes (parents before children)."""
@@ -132,7 +141,7 @@ def grow_dynamic(root: int, depth: int, top_k: int, total_tokens: int, expand: E
         logq = torch.log_softmax(logits.float(), dim=-1)
         top = logq.topk(top_k, dim=-1)  # (F, k)
         cand = []
-        for f, toks, vals in zip(frontier, top.indices.tolist(), top.values.tolist()):
+        for f, toks, vals in zip(frontier, _to_target(top.indices, vocab_map).tolist(), top.values.tolist()):
             for t, v in zip(toks, vals):
                 tokens.append(t)
                 parents.append(f)

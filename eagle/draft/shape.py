@@ -33,9 +33,10 @@ class TreeShape:
         if self.shape == "dynamic" and (self.top_k < 1 or self.total_tokens < 1):
             raise ValueError("tree.top_k and tree.total_tokens must be >= 1")
 
-    def grow(self, root: int, expand: Expand, sampling: Sampling, sample: bool = False) -> Tree:
-        if self.shape == "chain":
-            return grow_static(root, chain_choices(self.depth), expand, sampling, sample)
-        if self.shape == "static":
-            return grow_static(root, self.choices, expand, sampling, sample)
-        return grow_dynamic(root, self.depth, self.top_k, self.total_tokens, expand, sampling)
+    def grow(self, root: int, expand: Expand, sampling: Sampling, sample: bool = False, vocab_map=None,
+             vocab_size: int | None = None) -> Tree:
+        """Grow this shape from ``root``; ``vocab_map``/``vocab_size``: see :mod:`eagle.draft.grow`."""
+        if self.shape == "dynamic":
+            return grow_dynamic(root, self.depth, self.top_k, self.total_tokens, expand, sampling, vocab_map)
+        choices = chain_choices(self.depth) if self.shape == "chain" else self.choices
+        return grow_static(root, choices, expand, sampling, sample, vocab_map, vocab_size)
