@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from .draft.shape import TreeShape
+from .fallback import FallbackConfig
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
 
@@ -38,6 +39,7 @@ class DecodeConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     tree: TreeShape = field(default_factory=TreeShape)
     attention: str = "auto"  # auto: Triton kernel on CUDA, SDPA reference elsewhere
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)  # plain steps when drafting loses
 
     def validate(self) -> None:
         if self.drafter.type not in DRAFTERS:
@@ -53,6 +55,7 @@ class DecodeConfig:
         if self.drafter.type == "eagle" and not self.drafter.head:
             raise ConfigError("drafter.type 'eagle' needs drafter.head (a head checkpoint folder)")
         try:
+            self.fallback.validate()
             self.tree.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None

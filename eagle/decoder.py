@@ -12,7 +12,9 @@ import torch
 
 from .draft import build_drafter
 from .draft.base import Drafter, NoDrafter, Sampling
+from .fallback import FallbackConfig, FallbackPolicy
 from .target import Target
+from .tree import Tree
 from .verify import probs_from_logits, verify
 
 __all__ = ["TreeDecoder", "DecodeStats", "GenerationResult"]
@@ -26,6 +28,7 @@ class DecodeStats:
     new_tokens: int = 0
     prompt_tokens: int = 0
     target_forwards: int = 0  # tree-verification forwards (the prefill forward is not counted)
+    plain_steps: int = 0  # of those, steps the fallback ran without drafting
     tree_nodes: int = 0  # nodes verified in total
     accepted_hist: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafted tokens
     depth_tried: list[int] = field(default_factory=list)  # [d-1] = steps whose tree reached depth d
@@ -59,7 +62,7 @@ class DecodeStats:
                 self.depth_accepted[d] += 1
 
     def merge(self, other: "DecodeStats") -> None:
-        for name in ("new_tokens", "prompt_tokens", "target_forwards", "tree_nodes", "prefill_s", "draft_s",
+        for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "prefill_s", "draft_s",
                      "verify_s", "other_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_hist", "depth_tried", "depth_accepted"):
@@ -70,6 +73,7 @@ class DecodeStats:
 
     def as_dict(self) -> dict:
         return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards, "tau": self.tau,
+                "plain_steps": self.plain_steps,
                 "accepted_hist": self.accepted_hist, "per_depth_acceptance": self.per_depth_acceptance,
                 "mean_tree_nodes": self.tree_nodes / max(self.target_forwards, 1),
                 "time_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
@@ -101,6 +105,8 @@ class TreeDecoder:
         drafter: a :class:`eagle.draft.Drafter`; ``None`` = plain decoding through the same loop.
         eos_token_id: int or list; defaults to the model's generation config.
         attention: "auto" | "triton" | "reference" (ignored when ``model`` is already a Target).
+        fallback: :class:`eagle.fallback.FallbackConfig`; when enabled, steps run without drafting
+            while drafting measures slower than plain decoding (see eagle/fallback.py).
 
     Example::
 
@@ -109,16 +115,18 @@ class TreeDecoder:
         print(out.tokens, out.stats.tau)
     """
 
-    def __init__(self, model, drafter: Drafter | None = None, eos_token_id=None, attention: str = "auto"):
+    def __init__(self, model, drafter: Drafter | None = None, eos_token_id=None, attention: str = "auto",
+                 fallback: FallbackConfig | None = None):
         self.target = model if isinstance(model, Target) else Target(model, attention)
         self.drafter = drafter or NoDrafter()
         self.eos = _eos_set(self.target.model, eos_token_id)
+        self.fallback = fallback or FallbackConfig()
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
         """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`."""
         target = model if isinstance(model, Target) else Target(model, config.attention)
-        return cls(target, build_drafter(config, target), eos_token_id)
+        return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
 
     def _pick(self, logits: torch.Tensor, sampling: Sampling) -> int:
         if sampling.greedy:
@@ -171,10 +179,12 @@ class TreeDecoder:
         if on_tokens:
             on_tokens([root])
         done = root in self.eos or max_new_tokens == 1
+        policy = FallbackPolicy(self.fallback)
 
         while not done:
             t0 = time.perf_counter()
-            tree = drafter.propose(root, sampling)
+            drafting = policy.use_draft()
+            tree = drafter.propose(root, sampling) if drafting else Tree.chain([root])
             t1 = time.perf_counter()
             prefix_len = cache.get_seq_length()
             res = target.tree_forward(tree, cache)
@@ -190,6 +200,7 @@ class TreeDecoder:
                     break
             emitted.extend(new)
             stats.target_forwards += 1
+            stats.plain_steps += not drafting
             stats.tree_nodes += len(tree)
             stats.record(int(tree.depth.max()), len(path) - 1)
             if on_tokens:
@@ -197,9 +208,11 @@ class TreeDecoder:
             if not done:
                 drafter.extend(res.hidden[path], torch.tensor(new, device=res.hidden.device))
                 root = bonus
+            t3 = time.perf_counter()
+            policy.record(drafting, len(new), t3 - t0)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
-            stats.other_s += time.perf_counter() - t2
+            stats.other_s += t3 - t2
 
         stats.new_tokens = len(emitted)
         return GenerationResult(emitted, stats)
