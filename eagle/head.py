@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from .io import replace_dir
 
 __all__ = ["DraftHead", "HeadConfig", "load_head", "save_head", "HeadMismatchError"]
 
@@ -121,15 +122,7 @@ def save_head(head: DraftHead, folder: str | Path, config: HeadConfig) -> None:
              if k != "draft_vocab" and not k.startswith("rotary.")}
     save_file(state, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(config.to_json())
-    if folder.exists():
-        old = folder.with_name(folder.name + ".old")
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        import shutil
-
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, folder)
+    replace_dir(tmp, folder)
 
 
 def load_head(folder: str | Path, model) -> DraftHead:

@@ -184,7 +184,7 @@ class ShardDataset:
             for i in range(len(off) - 1):
                 hid = t["hidden"][off[i]:off[i + 1]] if load_hidden else None
                 self.sequences.append(Sequence(t["input_ids"][off[i]:off[i + 1]].long(), hid, int(t["prompt_lens"][i])))
-        self.hidden_size = int(manifest["hidden_size"])
+        self.hidden_size = manifest.get("hidden_size")  # None: featureless shards of unknown width
 
     def __len__(self) -> int:
         return len(self.sequences)

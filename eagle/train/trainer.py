@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError, from_dict
 from ..head import DraftHead, HeadConfig, save_head
+from ..io import existing_dir, replace_dir
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records
 
 __all__ = ["TrainConfig", "load_train_config", "train", "head_loss"]
@@ -224,11 +224,7 @@ def _save_checkpoint(folder: Path, head, opt, step: int, cfg: TrainConfig) -> No
     tmp = Path(tempfile.mkdtemp(prefix="ckpt.tmp", dir=folder.parent))
     save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg)}, tmp / "state.pt")
-    old = folder.with_name(folder.name + ".old")
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, folder)
 
 
 def _evaluate(head, embed, lm_w, data, cfg, run, features_fn) -> dict:
@@ -299,9 +295,10 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     step = 0
-    if (ckpt / "state.pt").exists():  # resume: weights, optimizer and position in the data
-        head.load_state_dict(load_file(str(ckpt / "head.safetensors")))
-        state = torch.load(ckpt / "state.pt", weights_only=False)
+    found = existing_dir(ckpt)
+    if found is not None and (found / "state.pt").exists():  # resume: weights, optimizer, data position
+        head.load_state_dict(load_file(str(found / "head.safetensors")))
+        state = torch.load(found / "state.pt", weights_only=False)
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
     steps_per_epoch = len(train_set) // cfg.batch_size
