@@ -79,19 +79,27 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     result = {"target": target_name, "device": device_name(plain_dec.target.device),
               "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
               "plain": {}, "runs": []}
-    total = (len(configs) + 2) * len(encoded)
-    bar = tqdm(total=total, desc="bench", unit="prompt", dynamic_ncols=True)
-
-    # warm-up so neither baseline pays first-call costs inside the timing
-    plain_dec.generate(encoded[0], min(8, max_new_tokens))
+    gen_kw = dict(temperature=temperature, top_p=top_p)
+    decoders = [TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None) for cfg in configs]
+    # warm-up so no method pays first-call costs inside the timing
+    for dec in [plain_dec] + decoders:
+        dec.generate(encoded[0], min(8, max_new_tokens))
     _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
 
-    def timed(fn, name: str) -> _Run:
-        run = _Run()
-        bar.set_postfix_str(name)
-        for i, ids in enumerate(encoded):
+    methods = [("plain", lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw)),
+               ("hf generate", lambda i, ids: _hf_generate(model, ids, max_new_tokens, temperature, top_p, i, eos))]
+    methods += [(cfg.name, (lambda dec: lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw))(dec))
+                for cfg, dec in zip(configs, decoders)]
+    runs = {name: _Run() for name, _ in methods}
+    margins: dict = {}  # (config, prompt) -> target logit margin where the output left plain decoding
+    bar = tqdm(total=len(methods) * len(encoded), desc="bench", unit="run", dynamic_ncols=True)
+    # prompts outer, methods inner: a slow spell of the machine hits every method alike
+    for i, ids in enumerate(encoded):
+        for name, fn in methods:
+            bar.set_postfix_str(name)
             t0 = time.perf_counter()
             out = fn(i, ids)
+            run = runs[name]
             run.seconds += time.perf_counter() - t0
             if isinstance(out, list):
                 run.tokens.append(out)
@@ -99,29 +107,31 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
                 run.tokens.append(out.tokens)
                 run.stats.merge(out.stats)
             bar.update(1)
-        return run
+        _summarize(result, runs, configs, model, encoded, temperature, margins)
+        if on_update:
+            on_update(result)
+    bar.close()
+    return result
 
-    gen_kw = dict(temperature=temperature, top_p=top_p)
-    plain = timed(lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw), "plain")
-    hf = timed(lambda i, ids: _hf_generate(model, ids, max_new_tokens, temperature, top_p, i, eos), "hf generate")
+
+def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, margins: dict) -> None:
+    """Fill ``result`` from the runs so far (every method has run on the same prompts)."""
+    plain, hf = runs["plain"], runs["hf generate"]
+    n = len(plain.tokens)
     baseline = max(plain.tokens_per_s, hf.tokens_per_s)
     result["plain"] = {"tokens_per_s": plain.tokens_per_s, "hf_tokens_per_s": hf.tokens_per_s,
-                       "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)),
-                       "prompts": len(encoded)}
-    if on_update:
-        on_update(result)
-
+                       "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)), "prompts": n}
+    result["runs"] = []
     for cfg in configs:
-        dec = TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None)
-        dec.generate(encoded[0], min(8, max_new_tokens))  # warm-up
-        run = timed(lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw), cfg.name)
+        run = runs[cfg.name]
         st = run.stats
         entry = {"config": cfg.name, "mean_accepted": st.tau, "tokens_per_s": run.tokens_per_s,
                  "speedup": run.tokens_per_s / baseline if baseline else 0.0,
                  "identical_to_plain": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
-                 "prompts": len(encoded), "accepted_hist": st.accepted_hist,
+                 "prompts": n, "accepted_hist": st.accepted_hist,
                  "per_depth_acceptance": st.per_depth_acceptance,
                  "mean_tree_nodes": st.tree_nodes / max(st.target_forwards, 1),
+                 "plain_steps": st.plain_steps,
                  "step_ms": {k: 1000 * v / max(st.target_forwards, 1) for k, v in
                              (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))}}
         if temperature == 0:
@@ -129,13 +139,11 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
             for i, (a, b) in enumerate(zip(run.tokens, plain.tokens)):
                 j = _first_diff(a, b)
                 if j is not None:
-                    diffs.append({"prompt": i, "position": j, "logit_margin": _margin(model, encoded[i], b[:j])})
+                    if (cfg.name, i) not in margins:
+                        margins[cfg.name, i] = _margin(model, encoded[i], b[:j])
+                    diffs.append({"prompt": i, "position": j, "logit_margin": margins[cfg.name, i]})
             entry["mismatches"] = diffs
         result["runs"].append(entry)
-        if on_update:
-            on_update(result)
-    bar.close()
-    return result
 
 
 def format_table(result: dict) -> str:
@@ -146,12 +154,17 @@ def format_table(result: dict) -> str:
              f"plain == generate on {p['identical_to_hf']}/{p['prompts']} prompts",
              "",
              f"| {'config':<22} | {'tau':>5} | {'tok/s':>7} | {'speedup':>7} | {'identical':>9} | "
-             f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} |",
-             f"|{'-' * 24}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|"]
+             f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} | {'other ms':>8} |",
+             f"|{'-' * 24}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
     for r in result["runs"]:
         lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r['tokens_per_s']:7.2f} | "
                      f"{r['speedup']:6.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
-                     f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} |")
+                     f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} | "
+                     f"{r['step_ms']['bookkeeping']:8.1f} |")
+    lines.append("")
+    lines.append("acceptance per depth (fraction of steps whose tree reached depth d that accepted a token there):")
+    for r in result["runs"]:
+        lines.append(f"  {r['config']:<22} " + " ".join(f"{a:.2f}" for a in r["per_depth_acceptance"]))
     for r in result["runs"]:
         for m in r.get("mismatches", []):
             lines.append(f"  {r['config']}: prompt {m['prompt']} differs from plain at token {m['position']} "

@@ -1,0 +1,129 @@
+"""The command line: bench contract, generate streaming, and one-line errors for bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+
+from eagle.cli import main
+from eagle.models import resolve_target
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as a local HF folder."""
+    folder = tmp_path_factory.mktemp("tiny-target")
+    tok = tf.AutoTokenizer.from_pretrained(resolve_target("smollm2-135m"))
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=160,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=1)
+    tf.LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def write_prompts(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_bench_json_contract(tiny_target, tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
+                                                   json.dumps({"turns": ["Name a color.", "And another?"]}),
+                                                   json.dumps({"prompt": "Count to three."})])
+    out_json = tmp_path / "out.json"
+    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
+                              "--config", str(ROOT / "experiments/configs/self-draft.yaml"), "--limit", "2",
+                              "--max-new-tokens", "12", "--target", tiny_target, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    r = json.loads(out_json.read_text())
+    assert isinstance(r["target"], str) and isinstance(r["device"], str)
+    assert set(r["plain"]) >= {"tokens_per_s", "hf_tokens_per_s"}
+    assert r["plain"]["tokens_per_s"] > 0 and r["plain"]["hf_tokens_per_s"] > 0
+    assert r["plain"]["identical_to_hf"] == 2  # our plain loop == transformers' greedy generate
+    assert [x["config"] for x in r["runs"]] == ["ngram", "self-draft"]
+    for run in r["runs"]:
+        assert set(run) >= {"config", "mean_accepted", "tokens_per_s", "speedup", "identical_to_plain", "prompts"}
+        assert run["prompts"] == 2 and run["identical_to_plain"] == 2 and run["mismatches"] == []
+        assert isinstance(run["mean_accepted"], float) and run["speedup"] > 0
+    assert r["runs"][1]["mean_accepted"] > 2  # the oracle drafter accepts (nearly) everything
+    assert "| ngram" in out and "speedup" in out
+
+
+def test_generate_streams_and_summarizes(tiny_target, capsys):
+    code, out, err = run_cli(["generate", "--prompt", "Hi there", "--max-new-tokens", "6", "--target", tiny_target,
+                              "--config", str(ROOT / "experiments/configs/self-draft.yaml"), "--compare"], capsys)
+    assert code == 0, err
+    assert "[self-draft] tokens:" in out and "tau:" in out and "tok/s:" in out and "speedup:" in out
+    assert "identical to plain" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "malformed", "no-prompt-field"])
+def test_bad_prompt_files(case, tiny_target, tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    if case == "empty":
+        path.write_text("\n\n")
+    elif case == "malformed":
+        path.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    elif case == "no-prompt-field":
+        path.write_text('{"text": "hello"}\n')
+    code, out, err = run_cli(["bench", "--prompts", str(path), "--config", str(ROOT / "experiments/configs/ngram.yaml"),
+                              "--target", tiny_target, "--json", str(tmp_path / "o.json")], capsys)
+    assert code == 2
+    assert err.startswith("eagle: error:") and err.count("\n") == 1
+    assert {"missing": "not found", "empty": "no prompts", "malformed": ":2: not valid JSON",
+            "no-prompt-field": "needs a \"prompt\""}[case] in err
+
+
+def test_unknown_config_key(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("drafter:\n  type: ngram\n  max_ngramm: 3\n")
+    code, out, err = run_cli(["generate", "--prompt", "x", "--config", str(cfg)], capsys)
+    assert code == 2 and "unknown key 'drafter.max_ngramm'" in err and str(cfg) in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be a positive integer"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens: must be a positive integer"),
+    (["--temperature", "-0.5"], "--temperature: must be >= 0"),
+    (["--top-p", "0"], "--top-p: must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
+])
+def test_bad_numbers(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--prompt", "x"] + args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_unknown_target(capsys):
+    code, out, err = run_cli(["generate", "--prompt", "x", "--target", "no-such-model"], capsys)
+    assert code == 2 and "unknown target 'no-such-model'" in err
+
+
+def test_prompt_longer_than_context(tiny_target, capsys):
+    code, out, err = run_cli(["generate", "--prompt", "word " * 400, "--max-new-tokens", "4",
+                              "--target", tiny_target], capsys)
+    assert code == 2 and "exceeds the model's context of 160" in err
+
+
+def test_no_traceback_from_the_real_entry_point(tmp_path):
+    """The installed console script path: one line on stderr, exit status 2."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tree:\n  shape: spiral\n")
+    proc = subprocess.run([sys.executable, "-m", "eagle.cli", "bench", "--prompts", str(tmp_path / "none.jsonl"),
+                           "--config", str(cfg), "--json", str(tmp_path / "o.json")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert "tree.shape must be one of" in proc.stderr
