@@ -113,12 +113,13 @@ class DraftHead(nn.Module):
         return 2 * (n_params + vd * self.hidden_size)
 
 
-def save_head(head: DraftHead, folder: str | Path, config: HeadConfig) -> None:
-    """Write ``model.safetensors`` + ``config.json`` atomically into ``folder``."""
+def save_head(head: DraftHead, folder: str | Path, config: HeadConfig, dtype: torch.dtype | None = None) -> None:
+    """Write ``model.safetensors`` + ``config.json`` atomically into ``folder`` (weights cast to
+    ``dtype`` when given, e.g. float16 to halve a shipped checkpoint; loading casts back)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
-    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()
+    state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
              if k != "draft_vocab" and not k.startswith("rotary.")}
     save_file(state, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(config.to_json())

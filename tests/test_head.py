@@ -546,6 +546,20 @@ def test_checkpoint_round_trip(tmp_path, with_dv):
     assert torch.equal(head.lm_weight(lm), loaded.lm_weight(lm))
 
 
+def test_checkpoint_half_precision_storage(tmp_path):
+    """A float16 export is half the size and loads back (as float32) to the rounded weights."""
+    model = tiny_model("llama")
+    head = random_head(model, seed=3)
+    save_head(head, tmp_path / "fp32", _head_config(model))
+    save_head(head, tmp_path / "fp16", _head_config(model), dtype=torch.float16)
+    size = lambda d: (tmp_path / d / "model.safetensors").stat().st_size
+    assert size("fp16") < 0.6 * size("fp32")
+    loaded = load_head(tmp_path / "fp16", model)
+    for k, v in head.state_dict().items():
+        assert loaded.state_dict()[k].dtype == v.dtype
+        assert torch.equal(loaded.state_dict()[k], v.half().to(v.dtype)), k
+
+
 def test_checkpoint_mismatch_raises(tmp_path):
     model = tiny_model("llama")
     folder = tmp_path / "head"

@@ -62,6 +62,7 @@ class TrainConfig:
     seed: int = 0
     out_dir: str = "runs/smollm2-head"
     export: str = "heads/smollm2-135m"
+    export_dtype: str = "float32"  # float32 | float16 | bfloat16 (storage of the exported weights)
 
     def validate(self) -> None:
         if self.extraction not in ("offline", "online"):
@@ -72,6 +73,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1")
         if self.lr <= 0 or self.epochs <= 0:
             raise ConfigError("lr and epochs must be > 0")
+        if self.export_dtype not in ("float32", "float16", "bfloat16"):
+            raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{self.export_dtype}'")
         if not 0 <= self.heldout_fraction < 1:
             raise ConfigError("heldout_fraction must be in [0, 1)")
 
@@ -356,6 +359,6 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         tcfg = model.config.get_text_config(decoder=True)
         save_head(head, cfg.export, HeadConfig(
             target=cfg.target, model_type=tcfg.model_type, hidden_size=tcfg.hidden_size, vocab_size=vocab,
-            draft_vocab=[] if draft_vocab is None else draft_vocab.tolist()))
+            draft_vocab=[] if draft_vocab is None else draft_vocab.tolist()), dtype=getattr(torch, cfg.export_dtype))
     run.barrier()
     return summary
