@@ -69,6 +69,16 @@ def make_tiny_model(arch: str, seed: int = 0, logit_scale: float = 30.0, attn: s
     return model
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """One intra-op thread for the whole suite: tiny ops on a shared 2-core machine are much slower
+    with two threads fighting (and results do not depend on it)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 _MODEL_CACHE: dict = {}
 
 

@@ -18,14 +18,6 @@ PREFIX = 24  # longer than both sliding windows
 assert PREFIX > max(GEMMA_WINDOW, MISTRAL_WINDOW)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only add overhead on a shared machine
-    yield
-    torch.set_num_threads(n)
-
-
 def deep_random_tree(gen: torch.Generator, chain: int = 11, extra: int = 9, root: int | None = None) -> Tree:
     """A non-uniform tree: a chain of ``chain`` nodes (deeper than the sliding windows) plus
     ``extra`` nodes hung under random earlier nodes; random tokens (siblings may repeat)."""

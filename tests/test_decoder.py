@@ -17,14 +17,6 @@ K = 3
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def llama(tiny_model):
     model = tiny_model("llama")

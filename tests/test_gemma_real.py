@@ -10,7 +10,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def gemma():
-    torch.set_num_threads(1)
     return eagle.load_target("gemma3-270m")
 
 

@@ -28,15 +28,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # on a small shared CPU, intra-op threads make a 135M model several times slower
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def smol():
     model, tok = eagle.load_target("smollm2-135m")

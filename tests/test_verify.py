@@ -19,15 +19,6 @@ from eagle.verify import greedy_verify, probs_from_logits, sample_verify, verify
 from conftest import make_random_tree
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # thousands of tiny tensor ops: intra-op threads only add overhead (and contention)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tv(a, b) -> float:
     return 0.5 * float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).sum())
 
