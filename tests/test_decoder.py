@@ -373,3 +373,18 @@ def test_ngram_decoder_greedy_exact_and_accepts(llama):
     # the tiny model falls into a loop, which prompt lookup then predicts
     assert out.stats.tau > 1.2
     check_stats(out.stats, out.tokens)
+
+
+def test_separate_draft_model_drafter_is_lossless(tiny_model, tmp_path):
+    """drafter.type 'model': a different small LM drafts a chain; output stays plain greedy."""
+    from eagle.config import load_config
+
+    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    draft.save_pretrained(tmp_path / "draft")
+    (tmp_path / "c.yaml").write_text(f"drafter:\n  type: model\n  model: {tmp_path / 'draft'}\ntree:\n  shape: chain\n  depth: 3\n")
+    prompt = torch.randint(1, 128, (9,), generator=torch.Generator().manual_seed(5))
+    expected = TreeDecoder(target).generate(prompt, 20).tokens
+    dec = TreeDecoder.from_config(target, load_config(tmp_path / "c.yaml"))
+    out = dec.generate(prompt, 20)
+    assert out.tokens == expected
+    assert out.stats.tree_nodes == 4 * out.stats.target_forwards  # root + a chain of 3 every step
