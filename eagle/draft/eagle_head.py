@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from ..head import DraftHead
-from ..target import Target
+from ..target import Target, project
 from ..tree import Tree
 from .base import Drafter, Sampling
 from .shape import TreeShape
@@ -51,7 +51,7 @@ class EagleDrafter(Drafter):
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids)."""
-        return (feats @ self.lm_w.T).float()
+        return project(feats, self.lm_w).float()
 
     def catch_up(self) -> torch.Tensor:
         """Run the pending committed pairs through the head; returns the last predicted feature."""
