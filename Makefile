@@ -4,9 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Explain in a few sentences why the sky is blue.
-DEMO_CONFIG ?= experiments/configs/ngram.yaml
+DEMO_CONFIG ?= experiments/configs/eagle2-cpu.yaml
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench head clean
 
 setup: $(STAMP)
 
@@ -20,15 +20,21 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/eagle generate --prompt "$(PROMPT)" --config $(DEMO_CONFIG) --max-new-tokens 128
+	$(BIN)/eagle generate --prompt "$(PROMPT)" --config $(DEMO_CONFIG) --max-new-tokens 128 --compare
 
 test: setup
 	$(BIN)/python -m pytest -q
 
+# the bench table of docs/results.md
 bench: setup
-	$(BIN)/eagle bench --prompts experiments/prompts/chat-small.jsonl \
-		--config experiments/configs/self-draft.yaml --config experiments/configs/ngram.yaml \
-		--max-new-tokens 128 --json experiments/results/bench.json
+	$(BIN)/eagle bench --prompts experiments/prompts/chat-small.jsonl --max-new-tokens 128 \
+		--config experiments/configs/eagle2-cpu.yaml --config experiments/configs/eagle2-dynamic.yaml \
+		--config experiments/configs/eagle1-static.yaml --config experiments/configs/ngram.yaml \
+		--json experiments/results/bench-smollm2.json
+
+# the head: self-distilled data + training + export (under an hour on 2 cores)
+head: setup
+	$(BIN)/eagle train --config experiments/configs/train-smollm2.yaml
 
 clean:
 	rm -rf $(VENV) *.egg-info
