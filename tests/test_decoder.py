@@ -154,7 +154,9 @@ def check_stats(st: DecodeStats, tokens: list[int], trees: list | None = None):
     assert all(v >= 0 for v in d["time_s"].values())
 
 
-class RecordingSelfDrafter(SelfDrafter):
+class Recording:
+    """Mixin for a drafter: keep every proposed tree in ``self.proposed``."""
+
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.proposed = []
@@ -165,15 +167,12 @@ class RecordingSelfDrafter(SelfDrafter):
         return tree
 
 
-class RecordingNgram(NgramDrafter):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.proposed = []
+class RecordingSelfDrafter(Recording, SelfDrafter):
+    pass
 
-    def propose(self, root, sampling):
-        tree = super().propose(root, sampling)
-        self.proposed.append(tree)
-        return tree
+
+class RecordingNgram(Recording, NgramDrafter):
+    pass
 
 
 @pytest.mark.parametrize("kind", ["self-chain", "self-static", "random", "ngram"])
