@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..prompts import encode_chat
 
-__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest"]
+__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts"]
 
 
 def read_prompt_records(path: str | Path) -> list[str]:
@@ -192,9 +192,10 @@ class ShardDataset:
     def __iter__(self) -> Iterator[Sequence]:
         return iter(self.sequences)
 
-    def token_counts(self, vocab_size: int) -> torch.Tensor:
-        """How often each token id occurs (for choosing a reduced draft vocabulary)."""
-        counts = torch.zeros(vocab_size, dtype=torch.long)
-        for s in self.sequences:
-            counts += torch.bincount(s.input_ids, minlength=vocab_size)
-        return counts
+
+def token_counts(sequences, vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in ``sequences`` (for choosing a reduced draft vocabulary)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in sequences:
+        counts += torch.bincount(s.input_ids, minlength=vocab_size)
+    return counts

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..config import ConfigError, from_dict
 from ..head import DraftHead, HeadConfig, save_head
 from ..io import existing_dir, replace_dir
-from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records
+from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
 
 __all__ = ["TrainConfig", "load_train_config", "train", "head_loss"]
 
@@ -284,10 +284,7 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     vocab = model.get_output_embeddings().weight.shape[0]
     draft_vocab = None
     if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
-        counts = torch.zeros(vocab, dtype=torch.long)
-        for s in train_set:
-            counts += torch.bincount(s.input_ids, minlength=vocab)
-        draft_vocab = counts.topk(cfg.draft_vocab_size).indices.sort().values
+        draft_vocab = token_counts(train_set, vocab).topk(cfg.draft_vocab_size).indices.sort().values
     head = DraftHead.for_target(model, draft_vocab).to(run.device).float()
     embed = model.get_input_embeddings()
     lm_w = head.lm_weight(model.get_output_embeddings()).detach().float()
