@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="self-distil data and train an EAGLE head (torchrun for DDP)")
     t.add_argument("--config", required=True, help="training config YAML")
 
+    d = sub.add_parser("distill", help="distil a small separate draft model from the target (KL on its distributions)")
+    d.add_argument("--config", required=True, help="distillation config YAML")
+
     h = sub.add_parser("head-info", help="size and FLOPs per draft step of a head")
     h.add_argument("--head", default="heads/smollm2-135m")
     h.add_argument("--target", default="smollm2-135m")
@@ -156,6 +159,21 @@ def _train(args) -> None:
     print(f"head written to {cfg.export}")
 
 
+def _distill(args) -> None:
+    import json
+
+    from .train.distill import distill, load_distill_config
+
+    cfg = load_distill_config(args.config)
+    _quiet_transformers()
+    summary = distill(cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
+    if summary["eval"]:
+        ev = summary["eval"][-1]
+        print(f"final heldout KL {ev['kl']:.4f}, top-1 agreement with the target {ev['top1_agreement']:.3f}")
+    print(f"draft model written to {cfg.export}")
+
+
 def _head_info(args) -> None:
     from .head import load_head
     from .models import load_target
@@ -180,12 +198,15 @@ def main(argv=None) -> int:
     from .prompts import PromptFileError
 
     try:
-        {"generate": _generate, "bench": _bench, "train": _train, "head-info": _head_info}[args.cmd](args)
+        {"generate": _generate, "bench": _bench, "train": _train, "distill": _distill, "head-info": _head_info}[args.cmd](args)
     except (UsageError, ConfigError, TargetNotFound, PromptFileError, ValueError, OSError) as e:
         print(f"eagle: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\neagle: interrupted (bench results so far are in the --json file)", file=sys.stderr)
+        kept = {"bench": "bench results so far are in the --json file",
+                "train": "rerun the same command to resume from the last checkpoint",
+                "distill": "rerun the same command to resume from the last checkpoint"}.get(args.cmd)
+        print("\neagle: interrupted" + (f" ({kept})" if kept else ""), file=sys.stderr)
         return 130
     return 0
 

@@ -25,10 +25,14 @@ def build_drafter(config, target) -> Drafter:
         head = load_head(d.head, target.model).to(target.device)
         return EagleDrafter(target, head, config.tree, sample=d.sample)
     if d.type == "model":
+        from ..draft_model import is_draft_model, load_draft_model
         from ..models import load_model
         from ..target import Target
 
-        small = load_model(d.model, device=target.device, dtype=target.lm_head.weight.dtype)
+        if is_draft_model(d.model):  # distilled by `eagle distill`: shares the target's embedding
+            small = load_draft_model(d.model, target.model)
+        else:  # any transformers checkpoint with the target's vocabulary
+            small = load_model(d.model, device=target.device, dtype=target.lm_head.weight.dtype)
         if small.get_output_embeddings().weight.shape[0] != target.lm_head.weight.shape[0]:
             raise ValueError(f"draft model {d.model} has another vocabulary size than the target")
         return SelfDrafter(Target(small, config.attention), config.tree, sample=d.sample)

@@ -175,7 +175,22 @@ class Run:
         return t
 
 
-def _batch_order(n: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
+def cosine_lr(step: int, total: int, warmup: int, lr: float) -> float:
+    """Linear warmup, then cosine decay to 10% of ``lr`` at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def heldout_split(data: list, fraction: float, seed: int) -> tuple[list, list]:
+    """``(train, heldout)``: a seeded random ``fraction`` of the sequences is held out."""
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_eval = int(len(data) * fraction)
+    return [data[i] for i in perm[n_eval:]], [data[i] for i in perm[:n_eval]]
+
+
+def batch_order(n: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed * 1000003 + epoch)
     perm = torch.randperm(n, generator=g).tolist()
     return [perm[i: i + batch] for i in range(0, n - batch + 1, batch)]
@@ -221,11 +236,11 @@ class _Features:
         return out
 
 
-def _save_checkpoint(folder: Path, head, opt, step: int, cfg: TrainConfig) -> None:
-    """Atomically replace ``folder`` with the current weights + optimizer state."""
+def save_checkpoint(folder: Path, state: dict, opt, step: int, cfg, weights: str = "head.safetensors") -> None:
+    """Atomically replace ``folder`` with the weights ``state``, the optimizer state and the step."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ckpt.tmp", dir=folder.parent))
-    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / weights))
     torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg)}, tmp / "state.pt")
     replace_dir(tmp, folder)
 
@@ -273,11 +288,7 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         model, tok = load_target(cfg.target, device=run.device)
     prepare_data(cfg, model, tok, run)
     data = ShardDataset(cfg.data_dir, load_hidden=cfg.extraction == "offline").sequences
-    g = torch.Generator().manual_seed(cfg.seed)
-    perm = torch.randperm(len(data), generator=g).tolist()
-    n_eval = int(len(data) * cfg.heldout_fraction)
-    eval_set = [data[i] for i in perm[:n_eval]]
-    train_set = [data[i] for i in perm[n_eval:]]
+    train_set, eval_set = heldout_split(data, cfg.heldout_fraction, cfg.seed)
     if len(train_set) < cfg.batch_size:
         raise ValueError(f"only {len(train_set)} training sequences for a batch of {cfg.batch_size}")
 
@@ -307,18 +318,12 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     if cfg.batch_size % run.world:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {run.world} processes")
 
-    def lr_at(s: int) -> float:
-        if s < cfg.warmup_steps:
-            return cfg.lr * (s + 1) / cfg.warmup_steps
-        frac = (s - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-
     bar = tqdm(total=total, initial=step, desc="train", disable=not (progress and run.main), dynamic_ncols=True)
     history = []
     head.train()
     while step < total:
         epoch, b = divmod(step, steps_per_epoch)
-        batch_idx = _batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch)[b]
+        batch_idx = batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch)[b]
         mine = batch_idx[run.rank:: run.world]  # this process's share of the global batch
         feats, ids, w, noise, lengths = _collate([train_set[i] for i in mine], mine, cfg, step, run.device, features_fn)
         n_global = run.all_sum(w.sum().detach().cpu())
@@ -326,7 +331,7 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         # DDP averages gradients over processes: scale so the result is the global per-token mean
         loss = loss_sum * run.world / n_global.clamp(min=1).to(loss_sum.device)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cosine_lr(step, total, cfg.warmup_steps, cfg.lr)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
@@ -341,7 +346,7 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
             on_step(step)
         if step % cfg.checkpoint_every == 0 or step == total:
             if run.main:
-                _save_checkpoint(ckpt, head, opt, step, cfg)
+                save_checkpoint(ckpt, head.state_dict(), opt, step, cfg)
             run.barrier()
         if run.main and (step % cfg.eval_every == 0 or step == total) and eval_set:
             ev = _evaluate(head, embed, lm_w, eval_set, cfg, run, features_fn)

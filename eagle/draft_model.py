@@ -1,0 +1,127 @@
+"""A separate small draft model for chain drafting (Leviathan et al.), distilled from the target.
+
+The student is the target's own transformers class with fewer decoder layers, initialised from a
+chosen subset of the target's layers (plus its final norm), and trained against the target's
+next-token distributions (:mod:`eagle.train.distill`). Its token embedding and LM head are the
+target's, frozen: they are most of a small model's parameters (49152 x 576 = 28 M for SmolLM2), so a
+checkpoint stores only the weights that differ from the target and :func:`load_draft_model`
+re-attaches the shared ones from the target it is loaded onto (the same trick as the EAGLE head).
+
+Checkpoint folder: ``config.json`` (the student's transformers config), ``draft.json`` (what it was
+made from, which weights are shared) and ``model.safetensors`` (the rest).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .io import replace_dir
+
+__all__ = ["build_draft_model", "save_draft_model", "load_draft_model", "is_draft_model", "DraftModelMismatchError",
+           "shared_weight_names"]
+
+_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+
+
+class DraftModelMismatchError(ValueError):
+    """A draft model checkpoint does not fit the target it is loaded onto."""
+
+
+def shared_weight_names(model) -> list[str]:
+    """State-dict names of the token embedding and LM head (shared with the target, not stored)."""
+    out = []
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        for name, mod in model.named_modules():
+            if mod is module:
+                out.append(name + ".weight")
+                break
+    return sorted(set(out))
+
+
+def build_draft_model(target, layers: list[int]):
+    """A copy of ``target`` keeping only the decoder layers ``layers`` (in that order), with the
+    target's embedding, final norm and LM head. Embedding and LM head are the target's own
+    parameters (shared, frozen); everything else is a trainable copy."""
+    tcfg = target.config
+    n = tcfg.get_text_config(decoder=True).num_hidden_layers
+    if not layers or any(not 0 <= i < n for i in layers):
+        raise ValueError(f"init layers must be indices into the target's {n} layers, got {layers}")
+    cfg = copy.deepcopy(tcfg)
+    cfg.num_hidden_layers = len(layers)
+    if getattr(cfg, "layer_types", None):  # Gemma-3 / Qwen2: per-layer attention kinds follow the layers
+        cfg.layer_types = [tcfg.layer_types[i] for i in layers]
+    student = type(target)(cfg).to(dtype=target.dtype, device=target.device)
+    src = target.state_dict()
+    with torch.no_grad():
+        for name, p in student.state_dict().items():
+            p.copy_(src[_LAYER.sub(lambda m: f"{m.group(1)}layers.{layers[int(m.group(2))]}.", name, count=1)])
+    _share(student, target)
+    student.config.eagle_init_layers = list(layers)
+    return student
+
+
+def _share(student, target) -> None:
+    """Point the student's embedding and LM head at the target's (frozen) parameters."""
+    student.get_input_embeddings().weight = target.get_input_embeddings().weight
+    student.get_output_embeddings().weight = target.get_output_embeddings().weight
+
+
+def save_draft_model(model, folder: str | Path, target_name: str, dtype: torch.dtype | None = None,
+                     extra: dict | None = None) -> None:
+    """Write the draft model atomically (shared embedding / LM head left out; see module doc)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
+    shared = shared_weight_names(model)
+    state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()
+             if k not in shared}
+    save_file(state, str(tmp / "model.safetensors"))
+    model.config.to_json_file(str(tmp / "config.json"))
+    tcfg = model.config.get_text_config(decoder=True)
+    meta = {"format": "eagle-draft-model", "target": target_name, "model_type": tcfg.model_type,
+            "hidden_size": tcfg.hidden_size, "vocab_size": tcfg.vocab_size, "shared_from_target": shared,
+            "init_layers": getattr(model.config, "eagle_init_layers", None),
+            "parameters": {"stored": sum(v.numel() for v in state.values()),
+                           "shared": sum(p.numel() for p in {id(p): p for p in (
+                               model.get_input_embeddings().weight, model.get_output_embeddings().weight)}.values())}}
+    meta.update(extra or {})
+    (tmp / "draft.json").write_text(json.dumps(meta, indent=1))
+    replace_dir(tmp, folder)
+
+
+def is_draft_model(folder: str | Path) -> bool:
+    return (Path(folder) / "draft.json").is_file()
+
+
+def load_draft_model(folder: str | Path, target):
+    """Load a :func:`save_draft_model` checkpoint onto ``target`` (same device and dtype, shared
+    embedding and LM head). Raises :class:`DraftModelMismatchError` when it was made for a target of
+    another architecture, hidden size or vocabulary."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    if not is_draft_model(folder):
+        raise FileNotFoundError(f"no draft model at {folder} (expected draft.json, config.json, model.safetensors)")
+    meta = json.loads((folder / "draft.json").read_text())
+    tcfg = target.config.get_text_config(decoder=True)
+    for key in ("model_type", "hidden_size", "vocab_size"):
+        if meta[key] != getattr(tcfg, key):
+            raise DraftModelMismatchError(f"draft model {folder} was made for a target with {key} {meta[key]!r}, "
+                                          f"this target has {getattr(tcfg, key)!r}")
+    cfg = AutoConfig.from_pretrained(str(folder))
+    impl = "eager" if target.config._attn_implementation == "eager" else "sdpa"
+    model = AutoModelForCausalLM.from_config(cfg, dtype=target.dtype, attn_implementation=impl)
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = model.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False)
+    missing = [k for k in missing if k not in meta["shared_from_target"]]
+    if missing or unexpected:
+        raise DraftModelMismatchError(f"draft model {folder}: missing weights {missing}, unexpected {unexpected}")
+    _share(model, target)
+    model.to(target.device).eval().requires_grad_(False)
+    return model

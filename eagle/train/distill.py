@@ -1,0 +1,257 @@
+"""Distilling a small separate draft model from the target (``eagle distill``).
+
+Data: the EAGLE head's self-distilled shards (the target wrote the answers and we kept its last
+hidden state at every position). The target's next-token distribution at a position is its LM head
+applied to that stored feature, so the distributions come from the shards without another target
+forward. They are cached once as the top-k (ids, log-probs) per position next to each shard
+(``shard-NNNNN.topK.safetensors``, resumable shard by shard).
+
+Loss: KL(p_target || q_student) per position, with p the target's top-k probabilities renormalised
+(k = 64 keeps > 0.97 of the mass on this data; the dropped tail is the same for every student).
+Student: :func:`eagle.draft_model.build_draft_model` (a few of the target's layers, its embedding
+and LM head shared and frozen). One process; checkpoints are atomic and a rerun resumes exactly.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..config import ConfigError, from_dict
+from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
+from ..io import existing_dir
+from .data import ShardDataset, load_manifest
+from .trainer import Run, batch_order, cosine_lr, heldout_split, load_train_config, prepare_data, save_checkpoint
+
+__all__ = ["DistillConfig", "load_distill_config", "distill", "cache_target_topk", "distill_loss"]
+
+
+@dataclass
+class DistillConfig:
+    """Everything ``eagle distill`` does: data (shared with the head), target top-k cache, training, export."""
+
+    target: str = "smollm2-135m"
+    data: str = "experiments/configs/train-smollm2.yaml"  # the head's training config: its prompts and shards
+    init_layers: list[int] = field(default_factory=lambda: [0, 1, 29])  # target layers the student starts from
+    top_k: int = 64  # cached target probabilities per position
+    train_on_prompt: bool = True  # the target's distributions over the prompt tokens are training signal too
+    epochs: float = 1.0
+    batch_size: int = 8
+    max_seq_len: int = 320
+    lr: float = 5e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    heldout_fraction: float = 0.03
+    eval_every: int = 200
+    checkpoint_every: int = 50
+    max_steps: int = 0  # 0 = derived from epochs
+    seed: int = 0
+    out_dir: str = "runs/smollm2-draft"
+    export: str = "draft-models/smollm2-135m-3l"
+    export_dtype: str = "float16"
+
+    def validate(self) -> None:
+        for name in ("top_k", "batch_size", "max_seq_len", "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if not self.init_layers:
+            raise ConfigError("init_layers must name at least one target layer")
+        if self.lr <= 0 or self.epochs <= 0:
+            raise ConfigError("lr and epochs must be > 0")
+        if self.export_dtype not in ("float32", "float16", "bfloat16"):
+            raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{self.export_dtype}'")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ConfigError("heldout_fraction must be in [0, 1)")
+
+
+def load_distill_config(path: str | Path) -> DistillConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        cfg = from_dict(DistillConfig, yaml.safe_load(path.read_text()) or {})
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# the target's distributions, cached from the stored features
+
+
+def _topk_name(shard: str, k: int) -> str:
+    return shard.replace(".safetensors", f".top{k}.safetensors")
+
+
+@torch.no_grad()
+def cache_target_topk(data_dir: str | Path, model, k: int, chunk: int = 1024, progress: bool = True) -> None:
+    """Write ``shard-NNNNN.top{k}.safetensors`` (``ids (N, k) int32``, ``logp (N, k) float32``, the
+    target's log-probabilities, largest first) for every shard that lacks one."""
+    from ..target import Target
+
+    data_dir = Path(data_dir)
+    target = Target(model, "reference")
+    todo = [s for s in load_manifest(data_dir)["shards"] if not (data_dir / _topk_name(s["file"], k)).exists()]
+    for s in tqdm(todo, desc=f"target top-{k}", unit="shard", disable=not progress or not todo, dynamic_ncols=True):
+        hidden = load_file(str(data_dir / s["file"]))["hidden"]  # (N, H) fp16
+        ids, logp = [], []
+        for i in range(0, hidden.shape[0], chunk):
+            lp = torch.log_softmax(target.logits(hidden[i: i + chunk].to(target.device, model.dtype)), dim=-1)
+            top = lp.topk(k, dim=-1)  # (n, k), sorted
+            ids.append(top.indices.to(torch.int32).cpu())
+            logp.append(top.values.cpu())
+        out = data_dir / _topk_name(s["file"], k)
+        save_file({"ids": torch.cat(ids), "logp": torch.cat(logp)}, str(out) + ".tmp")
+        os.replace(str(out) + ".tmp", out)
+
+
+def load_topk(data_dir: str | Path, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence (in :class:`ShardDataset` order): ``(ids (n, k) long, logp (n, k) float)``."""
+    data_dir = Path(data_dir)
+    out = []
+    for s in load_manifest(data_dir)["shards"]:
+        t = load_file(str(data_dir / _topk_name(s["file"], k)))
+        off = load_file(str(data_dir / s["file"]))["offsets"].tolist()
+        for i in range(len(off) - 1):
+            out.append((t["ids"][off[i]:off[i + 1]].long(), t["logp"][off[i]:off[i + 1]].float()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# loss
+
+
+def distill_loss(student, ids: torch.Tensor, lengths: list[int], weight: torch.Tensor, t_ids: torch.Tensor,
+                 t_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed KL(p_target top-k renormalised || q_student) and summed top-1 agreement over the
+    positions with ``weight`` 1.
+
+    ids (B, T) right-padded; weight (B, T); t_ids / t_logp (B, T, k): the target's top-k at each
+    position (the distribution of the token after it)."""
+    T = ids.shape[1]
+    att = (torch.arange(T, device=ids.device)[None] < torch.tensor(lengths, device=ids.device)[:, None]).long()
+    hidden = student.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state  # (B, T, H)
+    sel = weight > 0
+    h = hidden[sel]  # (N, H): only the positions that count go through the big LM head
+    logq = torch.log_softmax(F.linear(h, student.get_output_embeddings().weight).float(), dim=-1)  # (N, V)
+    p_logp = torch.log_softmax(t_logp[sel], dim=-1)  # (N, k): top-k renormalised
+    kl = (p_logp.exp() * (p_logp - logq.gather(1, t_ids[sel]))).sum()
+    agree = (logq.argmax(-1) == t_ids[sel][:, 0]).sum()
+    return kl, agree
+
+
+def _collate(seqs, topk, idx: list[int], cfg: DistillConfig, device):
+    lengths = [min(len(seqs[i].input_ids), cfg.max_seq_len) for i in idx]
+    T, k = max(lengths), cfg.top_k
+    ids = torch.zeros(len(idx), T, dtype=torch.long)
+    weight = torch.zeros(len(idx), T)
+    t_ids = torch.zeros(len(idx), T, k, dtype=torch.long)
+    t_logp = torch.zeros(len(idx), T, k)
+    for b, (i, n) in enumerate(zip(idx, lengths)):
+        ids[b, :n] = seqs[i].input_ids[:n]
+        start = 0 if cfg.train_on_prompt else max(seqs[i].prompt_len - 1, 0)
+        weight[b, start:n] = 1.0
+        t_ids[b, :n], t_logp[b, :n] = topk[i][0][:n], topk[i][1][:n]
+    return ids.to(device), lengths, weight.to(device), t_ids.to(device), t_logp.to(device)
+
+
+def _evaluate(student, seqs, topk, cfg, device) -> dict:
+    student.eval()
+    kl = agree = n = 0.0
+    with torch.no_grad():
+        for i in range(0, len(seqs), cfg.batch_size):
+            ids, lengths, w, t_ids, t_logp = _collate(seqs, topk, list(range(i, min(i + cfg.batch_size, len(seqs)))),
+                                                      cfg, device)
+            a, b = distill_loss(student, ids, lengths, w, t_ids, t_logp)
+            kl += float(a); agree += float(b); n += float(w.sum())
+    student.train()
+    return {"kl": kl / max(n, 1), "top1_agreement": agree / max(n, 1)}
+
+
+def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_step=None) -> dict:
+    """Data (the head's shards, generated if missing), target top-k cache, KL training with
+    checkpoints/resume, held-out evaluation and export. Returns a summary dict."""
+    from ..models import load_target
+
+    run = Run()
+    if run.world > 1:
+        raise ValueError("eagle distill runs on one process (the student is small); start it without torchrun")
+    torch.manual_seed(cfg.seed)
+    if model is None:
+        model, tok = load_target(cfg.target, device=run.device)
+    data_cfg = load_train_config(cfg.data)
+    if data_cfg.extraction != "offline":
+        raise ConfigError(f"{cfg.data}: the draft model needs stored features (extraction: offline)")
+    prepare_data(data_cfg, model, tok, run)
+    cache_target_topk(data_cfg.data_dir, model, cfg.top_k, progress=progress)
+    pairs = list(zip(ShardDataset(data_cfg.data_dir, load_hidden=False).sequences, load_topk(data_cfg.data_dir, cfg.top_k)))
+    train_pairs, eval_pairs = heldout_split(pairs, cfg.heldout_fraction, cfg.seed)
+    train_seqs, train_topk = [p[0] for p in train_pairs], [p[1] for p in train_pairs]
+    eval_seqs, eval_topk = [p[0] for p in eval_pairs], [p[1] for p in eval_pairs]
+    if len(train_seqs) < cfg.batch_size:
+        raise ValueError(f"only {len(train_seqs)} training sequences for a batch of {cfg.batch_size}")
+
+    student = build_draft_model(model, cfg.init_layers)
+    shared = set(shared_weight_names(student))
+    trainable = {n: p for n, p in student.named_parameters() if n not in shared}
+    for n, p in student.named_parameters():
+        p.requires_grad_(n in trainable)
+    opt = torch.optim.AdamW(list(trainable.values()), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+
+    ckpt = Path(cfg.out_dir) / "checkpoint"
+    step = 0
+    found = existing_dir(ckpt)
+    if found is not None and (found / "state.pt").exists():  # resume: weights, optimizer, data position
+        student.load_state_dict(load_file(str(found / "student.safetensors")), strict=False)
+        state = torch.load(found / "state.pt", weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+    steps_per_epoch = len(train_seqs) // cfg.batch_size
+    total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
+
+    def trainable_state() -> dict:
+        return {n: p for n, p in student.state_dict().items() if n not in shared}
+
+    bar = tqdm(total=total, initial=step, desc="distill", disable=not progress, dynamic_ncols=True)
+    history = []
+    student.train()
+    while step < total:
+        epoch, b = divmod(step, steps_per_epoch)
+        idx = batch_order(len(train_seqs), cfg.batch_size, cfg.seed, epoch)[b]
+        ids, lengths, w, t_ids, t_logp = _collate(train_seqs, train_topk, idx, cfg, run.device)
+        kl, agree = distill_loss(student, ids, lengths, w, t_ids, t_logp)
+        n = w.sum().clamp(min=1)
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, total, cfg.warmup_steps, cfg.lr)
+        opt.zero_grad(set_to_none=True)
+        (kl / n).backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(list(trainable.values()), cfg.grad_clip)
+        opt.step()
+        step += 1
+        bar.set_postfix(kl=f"{float(kl.detach() / n):.3f}", top1=f"{float(agree / n):.3f}")
+        bar.update(1)
+        if on_step is not None:
+            on_step(step)
+        if step % cfg.checkpoint_every == 0 or step == total:
+            save_checkpoint(ckpt, trainable_state(), opt, step, cfg, weights="student.safetensors")
+        if (step % cfg.eval_every == 0 or step == total) and eval_seqs:
+            ev = _evaluate(student, eval_seqs, eval_topk, cfg, run.device)
+            ev["step"] = step
+            history.append(ev)
+            tqdm.write(f"step {step}: heldout KL {ev['kl']:.4f}  top-1 agreement {ev['top1_agreement']:.3f}")
+    bar.close()
+    summary = {"steps": step, "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
+               "tokens": sum(len(s.input_ids) for s in train_seqs), "eval": history}
+    if cfg.export:
+        save_draft_model(student, cfg.export, cfg.target, dtype=getattr(torch, cfg.export_dtype),
+                         extra={"distill": {"config": asdict(cfg), "steps": step, "eval": history[-1:] or None}})
+    return summary
