@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Explain in a few sentences why the sky is blue.
 DEMO_CONFIG ?= experiments/configs/eagle2-cpu.yaml
 
-.PHONY: setup demo test bench head clean
+.PHONY: setup demo test bench head draft-model clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ bench: setup
 # the head: self-distilled data + training + export (under an hour on 2 cores)
 head: setup
 	$(BIN)/eagle train --config experiments/configs/train-smollm2.yaml
+
+# the separate chain draft model: KL distillation on the head's data (see the config for the steps)
+draft-model: setup
+	$(BIN)/eagle distill --config experiments/configs/distill-smollm2.yaml
 
 clean:
 	rm -rf $(VENV) *.egg-info

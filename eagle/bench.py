@@ -125,7 +125,7 @@ def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, m
     for cfg in configs:
         run = runs[cfg.name]
         st = run.stats
-        entry = {"config": cfg.name, "mean_accepted": st.tau, "tokens_per_s": run.tokens_per_s,
+        entry = {"config": cfg.name, "mean_accepted": st.tau, "alpha": st.alpha, "tokens_per_s": run.tokens_per_s,
                  "speedup": run.tokens_per_s / baseline if baseline else 0.0,
                  "identical_to_plain": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
                  "prompts": n, "accepted_hist": st.accepted_hist,
@@ -153,11 +153,11 @@ def format_table(result: dict) -> str:
              f"plain loop: {p['tokens_per_s']:.2f} tok/s   transformers generate: {p['hf_tokens_per_s']:.2f} tok/s   "
              f"plain == generate on {p['identical_to_hf']}/{p['prompts']} prompts",
              "",
-             f"| {'config':<22} | {'tau':>5} | {'tok/s':>7} | {'speedup':>7} | {'identical':>9} | "
+             f"| {'config':<22} | {'tau':>5} | {'alpha':>5} | {'tok/s':>7} | {'speedup':>7} | {'identical':>9} | "
              f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} | {'other ms':>8} |",
-             f"|{'-' * 24}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
+             f"|{'-' * 24}|{'-' * 7}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
     for r in result["runs"]:
-        lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r['tokens_per_s']:7.2f} | "
+        lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r.get('alpha', 0.0):5.2f} | {r['tokens_per_s']:7.2f} | "
                      f"{r['speedup']:6.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
                      f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} | "
                      f"{r['step_ms']['bookkeeping']:8.1f} |")

@@ -33,6 +33,7 @@ class DecodeStats:
     accepted_hist: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafted tokens
     depth_tried: list[int] = field(default_factory=list)  # [d-1] = steps whose tree reached depth d
     depth_accepted: list[int] = field(default_factory=list)  # [d-1] = ... and accepted a token at depth d
+    reached: int = 0  # drafted positions the verifier reached (all earlier tokens on the path accepted)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -42,6 +43,13 @@ class DecodeStats:
     def tau(self) -> float:
         """Mean tokens emitted per target forward in the decode phase."""
         return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 1.0
+
+    @property
+    def alpha(self) -> float:
+        """Token-level acceptance: accepted drafted tokens / drafted positions the verifier reached
+        (a position is reached when every token before it on the path was accepted). For a chain
+        this is the alpha of Leviathan et al.; for a tree, the chance that some child is accepted."""
+        return sum(self.depth_accepted) / self.reached if self.reached else 0.0
 
     @property
     def per_depth_acceptance(self) -> list[float]:
@@ -56,13 +64,14 @@ class DecodeStats:
                        (self.depth_accepted, tree_depth)):
             lst.extend([0] * (n - len(lst)))
         self.accepted_hist[accepted] += 1
+        self.reached += min(accepted + 1, tree_depth)
         for d in range(tree_depth):
             self.depth_tried[d] += 1
             if d < accepted:
                 self.depth_accepted[d] += 1
 
     def merge(self, other: "DecodeStats") -> None:
-        for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "prefill_s", "draft_s",
+        for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "reached", "prefill_s", "draft_s",
                      "verify_s", "other_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_hist", "depth_tried", "depth_accepted"):
@@ -72,7 +81,7 @@ class DecodeStats:
                 a[i] += v
 
     def as_dict(self) -> dict:
-        return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards, "tau": self.tau,
+        return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards, "tau": self.tau, "alpha": self.alpha,
                 "plain_steps": self.plain_steps,
                 "accepted_hist": self.accepted_hist, "per_depth_acceptance": self.per_depth_acceptance,
                 "mean_tree_nodes": self.tree_nodes / max(self.target_forwards, 1),

@@ -190,7 +190,7 @@ def test_stats_consistent(kind, llama):
     check_stats(out.stats, out.tokens, drafter.proposed)
     if kind.startswith("self"):
         assert out.stats.tau == depth + 1 and out.stats.target_forwards == 8
-        assert out.stats.per_depth_acceptance == [1.0] * depth
+        assert out.stats.per_depth_acceptance == [1.0] * depth and out.stats.alpha == 1.0
         # no truncation here: every emitted token is accounted for by the histogram
         assert sum((a + 1) * h for a, h in enumerate(out.stats.accepted_hist)) == n - 1
 
@@ -208,6 +208,10 @@ def test_stats_merge():
     assert a.depth_accepted == [2, 2, 1, 1, 0]
     assert a.per_depth_acceptance == [2 / 3, 2 / 3, 1 / 3, 1.0, 0.0]
     assert a.tau == (9 - 1) / 3
+    # alpha: accepted 2 + 0 + 4 of the reached positions 3 + 1 + 5 (a rejection ends the path)
+    assert a.alpha == 6 / 9
+    a.record(0, 0)  # a plain step drafts nothing and reaches nothing
+    assert a.alpha == 6 / 9 and a.as_dict()["alpha"] == 6 / 9
 
 
 # ------------------------------------------------------------------------------------------------

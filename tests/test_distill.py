@@ -163,6 +163,14 @@ def test_resume_after_interrupt_is_exact(data, model):
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
 
 
+def test_num_prompts_limits_the_data(data, model):
+    root, _, data_yaml = data
+    s = distill(dcfg(root, data_yaml, "few", num_prompts=20, max_steps=1, export=""), model, None, progress=False)
+    assert s["train_sequences"] + s["eval_sequences"] == 20
+    with pytest.raises(ValueError, match="num_prompts 41"):
+        distill(dcfg(root, data_yaml, "many", num_prompts=N_SEQ + 1, max_steps=1), model, None, progress=False)
+
+
 def test_mismatched_target_is_a_clear_error(data, model, tmp_path):
     root, _, _ = data
     student = build_draft_model(model, [0])

@@ -38,6 +38,7 @@ class DistillConfig:
 
     target: str = "smollm2-135m"
     data: str = "experiments/configs/train-smollm2.yaml"  # the head's training config: its prompts and shards
+    num_prompts: int = 0  # train on the sequences of the first N self-distilled prompts (0 = all there are)
     init_layers: list[int] = field(default_factory=lambda: [0, 1, 29])  # target layers the student starts from
     top_k: int = 64  # cached target probabilities per position
     train_on_prompt: bool = True  # the target's distributions over the prompt tokens are training signal too
@@ -58,6 +59,8 @@ class DistillConfig:
     export_dtype: str = "float16"
 
     def validate(self) -> None:
+        if self.num_prompts < 0:
+            raise ConfigError("num_prompts must be >= 0 (0 = all)")
         for name in ("top_k", "batch_size", "max_seq_len", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
@@ -193,6 +196,11 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
     prepare_data(data_cfg, model, tok, run)
     cache_target_topk(data_cfg.data_dir, model, cfg.top_k, progress=progress)
     pairs = list(zip(ShardDataset(data_cfg.data_dir, load_hidden=False).sequences, load_topk(data_cfg.data_dir, cfg.top_k)))
+    if cfg.num_prompts:  # one sequence per prompt; shards follow the prompt order (96 prompts a shard)
+        if cfg.num_prompts > len(pairs):
+            raise ValueError(f"num_prompts {cfg.num_prompts} but {data_cfg.data_dir} holds {len(pairs)} sequences "
+                             f"(raise num_prompts in {cfg.data})")
+        pairs = pairs[: cfg.num_prompts]
     train_pairs, eval_pairs = heldout_split(pairs, cfg.heldout_fraction, cfg.seed)
     train_seqs, train_topk = [p[0] for p in train_pairs], [p[1] for p in train_pairs]
     eval_seqs, eval_topk = [p[0] for p in eval_pairs], [p[1] for p in eval_pairs]
