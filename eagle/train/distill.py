@@ -95,14 +95,15 @@ def _topk_name(shard: str, k: int) -> str:
 
 
 @torch.no_grad()
-def cache_target_topk(data_dir: str | Path, model, k: int, chunk: int = 1024, progress: bool = True) -> None:
+def cache_target_topk(data_dir: str | Path, model, k: int, chunk: int = 1024, progress: bool = True,
+                      manifest: dict | None = None) -> None:
     """Write ``shard-NNNNN.top{k}.safetensors`` (``ids (N, k) int32``, ``logp (N, k) float32``, the
-    target's log-probabilities, largest first) for every shard that lacks one."""
+    target's log-probabilities, largest first) for every shard (of ``manifest``) that lacks one."""
     from ..target import Target
 
     data_dir = Path(data_dir)
     target = Target(model, "reference")
-    todo = [s for s in load_manifest(data_dir)["shards"] if not (data_dir / _topk_name(s["file"], k)).exists()]
+    todo = [s for s in (manifest or load_manifest(data_dir))["shards"] if not (data_dir / _topk_name(s["file"], k)).exists()]
     for s in tqdm(todo, desc=f"target top-{k}", unit="shard", disable=not progress or not todo, dynamic_ncols=True):
         hidden = load_file(str(data_dir / s["file"]))["hidden"]  # (N, H) fp16
         ids, logp = [], []
@@ -116,11 +117,12 @@ def cache_target_topk(data_dir: str | Path, model, k: int, chunk: int = 1024, pr
         os.replace(str(out) + ".tmp", out)
 
 
-def load_topk(data_dir: str | Path, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sequence (in :class:`ShardDataset` order): ``(ids (n, k) long, logp (n, k) float)``."""
+def load_topk(data_dir: str | Path, k: int, manifest: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence (in :class:`ShardDataset` order): ``(ids (n, k) long, logp (n, k) float)``, for
+    the shards of ``manifest`` (default: the folder's current one)."""
     data_dir = Path(data_dir)
     out = []
-    for s in load_manifest(data_dir)["shards"]:
+    for s in (manifest or load_manifest(data_dir))["shards"]:
         t = load_file(str(data_dir / _topk_name(s["file"], k)))
         off = load_file(str(data_dir / s["file"]))["offsets"].tolist()
         for i in range(len(off) - 1):
@@ -193,9 +195,14 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
     data_cfg = load_train_config(cfg.data)
     if data_cfg.extraction != "offline":
         raise ConfigError(f"{cfg.data}: the draft model needs stored features (extraction: offline)")
+    if cfg.num_prompts:  # self-distil only as many prompts as this run uses (the shards resume in order)
+        data_cfg.num_prompts = cfg.num_prompts
     prepare_data(data_cfg, model, tok, run)
-    cache_target_topk(data_cfg.data_dir, model, cfg.top_k, progress=progress)
-    pairs = list(zip(ShardDataset(data_cfg.data_dir, load_hidden=False).sequences, load_topk(data_cfg.data_dir, cfg.top_k)))
+    manifest = load_manifest(data_cfg.data_dir)  # one snapshot: another run may be appending shards
+    cache_target_topk(data_cfg.data_dir, model, cfg.top_k, progress=progress, manifest=manifest)
+    n_seq = sum(s["sequences"] for s in manifest["shards"])
+    pairs = list(zip(ShardDataset(data_cfg.data_dir, load_hidden=False).sequences[:n_seq],
+                     load_topk(data_cfg.data_dir, cfg.top_k, manifest)))
     if cfg.num_prompts:  # one sequence per prompt; shards follow the prompt order (96 prompts a shard)
         if cfg.num_prompts > len(pairs):
             raise ValueError(f"num_prompts {cfg.num_prompts} but {data_cfg.data_dir} holds {len(pairs)} sequences "
