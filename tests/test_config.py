@@ -10,12 +10,15 @@ from eagle.config import ConfigError, DecodeConfig, DrafterConfig, from_dict, lo
 from eagle.draft import NgramDrafter, NoDrafter, SelfDrafter, build_drafter
 from eagle.draft.shape import TreeShape
 
+from eagle.models import EMBEDDED
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "experiments" / "configs"
 SHIPPED = sorted(CONFIGS.glob("*.yaml"))
 # decoding configs (eagle.load_config) vs training configs (train-*.yaml, eagle.train's loader)
-DECODE = [p for p in SHIPPED if not p.stem.startswith("train")]
+DECODE = [p for p in SHIPPED if not p.stem.startswith(("train", "distill"))]
 TRAIN = [p for p in SHIPPED if p.stem.startswith("train")]
+DISTILL = [p for p in SHIPPED if p.stem.startswith("distill")]
 
 
 def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
@@ -39,7 +42,8 @@ def test_shipped_decode_config_loads(path):
     schema = from_dict(DecodeConfig, {"name": path.stem, **data})
     schema.validate()
     # ... and load_config resolves the drafter's head folder, which exists only once trained/exported
-    if schema.drafter.head and not _head_exists(schema.drafter.head, path):
+    folder = schema.drafter.head or (schema.drafter.model if schema.drafter.model not in EMBEDDED else "")
+    if folder and not _head_exists(folder, path):
         with pytest.raises(ConfigError, match="path not found"):
             load_config(path)
         return
@@ -48,6 +52,17 @@ def test_shipped_decode_config_loads(path):
     assert cfg.name == path.stem
     assert cfg.drafter.type == schema.drafter.type and cfg.tree == schema.tree
     cfg.validate()
+
+
+@pytest.mark.parametrize("path", DISTILL, ids=[p.stem for p in DISTILL])
+def test_shipped_distill_config_loads(path):
+    from eagle.train.distill import load_distill_config
+    from eagle.train.trainer import load_train_config
+
+    cfg = load_distill_config(path)
+    for key, value in yaml.safe_load(path.read_text()).items():
+        assert getattr(cfg, key) == value
+    load_train_config(REPO / cfg.data)  # the data it reuses is described by a valid training config
 
 
 @pytest.mark.parametrize("path", TRAIN, ids=[p.stem for p in TRAIN])
