@@ -170,7 +170,8 @@ def _distill(args) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
     if summary["eval"]:
         ev = summary["eval"][-1]
-        print(f"final heldout KL {ev['kl']:.4f}, top-1 agreement with the target {ev['top1_agreement']:.3f}")
+        print(f"final heldout KL {ev['kl']:.4f}, top-1 agreement with the target {ev['top1_agreement']:.3f} "
+              f"(answer tokens only: KL {ev['answer_kl']:.4f}, top-1 {ev['answer_top1_agreement']:.3f})")
     print(f"draft model written to {cfg.export}")
 
 
