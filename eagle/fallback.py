@@ -17,9 +17,9 @@ __all__ = ["FallbackConfig", "FallbackPolicy"]
 @dataclass
 class FallbackConfig:
     enabled: bool = False
-    window: int = 6  # drafting steps per estimate (and per probe)
+    window: int = 4  # drafting steps per estimate (and per probe)
     calibrate: int = 2  # plain steps at the start that measure the plain rate
-    backoff: int = 16  # plain steps after drafting lost; doubles per failed probe
+    backoff: int = 32  # plain steps after drafting lost; doubles per failed probe
     max_backoff: int = 256
     margin: float = 1.0  # keep drafting while drafting rate >= margin x plain rate
 
