@@ -144,35 +144,31 @@ def _bench(args) -> None:
     print(f"\nwrote {args.json}")
 
 
-def _train(args) -> None:
+def _report_training(cfg, summary: dict, final: str, what: str) -> None:
     import json
 
+    print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
+    if summary["eval"]:
+        print(final.format(**summary["eval"][-1]))
+    print(f"{what} written to {cfg.export}")
+
+
+def _train(args) -> None:
     from .train.trainer import load_train_config, train
 
     cfg = load_train_config(args.config)
     _quiet_transformers()
-    summary = train(cfg)
-    print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
-    if summary["eval"]:
-        ev = summary["eval"][-1]
-        print(f"final heldout loss {ev['loss']:.4f}, top-1 accuracy per unroll step {ev['acc']}")
-    print(f"head written to {cfg.export}")
+    _report_training(cfg, train(cfg), "final heldout loss {loss:.4f}, top-1 accuracy per unroll step {acc}", "head")
 
 
 def _distill(args) -> None:
-    import json
-
     from .train.distill import distill, load_distill_config
 
     cfg = load_distill_config(args.config)
     _quiet_transformers()
-    summary = distill(cfg)
-    print(json.dumps({k: v for k, v in summary.items() if k != "eval"}, indent=1))
-    if summary["eval"]:
-        ev = summary["eval"][-1]
-        print(f"final heldout KL {ev['kl']:.4f}, top-1 agreement with the target {ev['top1_agreement']:.3f} "
-              f"(answer tokens only: KL {ev['answer_kl']:.4f}, top-1 {ev['answer_top1_agreement']:.3f})")
-    print(f"draft model written to {cfg.export}")
+    _report_training(cfg, distill(cfg), "final heldout KL {kl:.4f}, top-1 agreement with the target "
+                     "{top1_agreement:.3f} (answer tokens only: KL {answer_kl:.4f}, top-1 {answer_top1_agreement:.3f})",
+                     "draft model")
 
 
 def _head_info(args) -> None:

@@ -150,3 +150,36 @@ class RandomTreeDrafter(Drafter):
         tree = make_random_tree(n, self.vocab, self.gen, root=root)
         self.proposed.append(tree)
         return tree
+
+
+# ---- the real default target (slow tests) ---------------------------------------------------------
+
+SHIPPED_PROMPTS = ["Write a Python function that returns the largest of three numbers.",
+                   "Give me three tips for sleeping better.",
+                   "What is 12 times 17? Show your steps."]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """``(model, tokenizer)`` of the real SmolLM2-135M-Instruct, loaded once per test session."""
+    import eagle
+
+    return eagle.load_target("smollm2-135m")
+
+
+def shipped_config_mean_tau(smollm2, config_path, max_new_tokens: int = 40):
+    """Decode SHIPPED_PROMPTS greedily with a shipped config; every output must equal plain
+    decoding. Returns ``(decoder, mean tau)``."""
+    import eagle
+    from eagle.prompts import encode_chat
+
+    model, tok = smollm2
+    dec = eagle.TreeDecoder.from_config(model, eagle.load_config(config_path))
+    plain = eagle.TreeDecoder(dec.target)
+    taus = []
+    for text in SHIPPED_PROMPTS:
+        ids = encode_chat(tok, text)
+        out = dec.generate(ids, max_new_tokens)
+        assert out.tokens == plain.generate(ids, max_new_tokens).tokens, text
+        taus.append(out.stats.tau)
+    return dec, sum(taus) / len(taus)

@@ -3,21 +3,14 @@ from pathlib import Path
 
 import pytest
 
-import eagle
 from eagle.draft_model import load_draft_model
 from eagle.prompts import encode_chat
+
+from conftest import SHIPPED_PROMPTS, shipped_config_mean_tau
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 DRAFT = ROOT / "draft-models/smollm2-135m-3l"
-PROMPTS = ["Write a Python function that returns the largest of three numbers.",
-           "Give me three tips for sleeping better.",
-           "What is 12 times 17? Show your steps."]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return eagle.load_target("smollm2-135m")
 
 
 def test_draft_model_shares_its_target_embedding(smollm2):
@@ -30,16 +23,9 @@ def test_draft_model_shares_its_target_embedding(smollm2):
 
 
 def test_chain_draft_model_greedy_identical(smollm2):
-    model, tok = smollm2
-    dec = eagle.TreeDecoder.from_config(model, eagle.load_config(ROOT / "experiments/configs/chain-draft-model.yaml"))
-    plain = eagle.TreeDecoder(dec.target)
-    taus = []
-    for text in PROMPTS:
-        ids = encode_chat(tok, text)
-        out = dec.generate(ids, 40)
-        assert out.tokens == plain.generate(ids, 40).tokens
-        taus.append(out.stats.tau)
-    assert sum(taus) / len(taus) > 1.3  # a trained draft: its tokens do get accepted
+    _, tok = smollm2
+    dec, tau = shipped_config_mean_tau(smollm2, ROOT / "experiments/configs/chain-draft-model.yaml")
+    assert tau > 1.3  # a trained draft: its tokens do get accepted
     # sampling runs too (the exactness of the rule itself is tested on small models)
-    out = dec.generate(encode_chat(tok, PROMPTS[1]), 24, temperature=1.0, seed=0)
+    out = dec.generate(encode_chat(tok, SHIPPED_PROMPTS[1]), 24, temperature=1.0, seed=0)
     assert len(out.tokens) == 24 or out.tokens[-1] in dec.eos

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import yaml
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..config import ConfigError, from_dict
+from ..config import ConfigError
 from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
 from ..io import existing_dir
 from .data import ShardDataset, load_manifest
-from .trainer import Run, batch_order, cosine_lr, heldout_split, load_train_config, prepare_data, save_checkpoint
+from .trainer import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_train_config,
+                      load_yaml_config, prepare_data, save_checkpoint)
 
 __all__ = ["DistillConfig", "load_distill_config", "distill", "cache_target_topk", "distill_loss"]
 
@@ -61,29 +61,13 @@ class DistillConfig:
     def validate(self) -> None:
         if self.num_prompts < 0:
             raise ConfigError("num_prompts must be >= 0 (0 = all)")
-        for name in ("top_k", "batch_size", "max_seq_len", "checkpoint_every", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
         if not self.init_layers:
             raise ConfigError("init_layers must name at least one target layer")
-        if self.lr <= 0 or self.epochs <= 0:
-            raise ConfigError("lr and epochs must be > 0")
-        if self.export_dtype not in ("float32", "float16", "bfloat16"):
-            raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{self.export_dtype}'")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ConfigError("heldout_fraction must be in [0, 1)")
+        check_optimization(self, ("top_k", "batch_size", "max_seq_len", "checkpoint_every", "eval_every"))
 
 
 def load_distill_config(path: str | Path) -> DistillConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        cfg = from_dict(DistillConfig, yaml.safe_load(path.read_text()) or {})
-        cfg.validate()
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    return cfg
+    return load_yaml_config(DistillConfig, path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,28 +67,41 @@ class TrainConfig:
     def validate(self) -> None:
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
-        for name in ("batch_size", "max_seq_len", "unroll", "gen_batch_size", "gen_max_new_tokens",
-                     "checkpoint_every", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
-        if self.lr <= 0 or self.epochs <= 0:
-            raise ConfigError("lr and epochs must be > 0")
-        if self.export_dtype not in ("float32", "float16", "bfloat16"):
-            raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{self.export_dtype}'")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ConfigError("heldout_fraction must be in [0, 1)")
+        check_optimization(self, ("batch_size", "max_seq_len", "unroll", "gen_batch_size", "gen_max_new_tokens",
+                                  "checkpoint_every", "eval_every"))
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
+def check_optimization(cfg, positive: tuple[str, ...]) -> None:
+    """The checks a training config shares: the ``positive`` fields >= 1, lr and epochs > 0, a known
+    export dtype, a held-out fraction in [0, 1)."""
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1")
+    if cfg.lr <= 0 or cfg.epochs <= 0:
+        raise ConfigError("lr and epochs must be > 0")
+    if cfg.export_dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{cfg.export_dtype}'")
+    if not 0 <= cfg.heldout_fraction < 1:
+        raise ConfigError("heldout_fraction must be in [0, 1)")
+
+
+def load_yaml_config(cls, path: str | Path):
+    """A ``cls`` dataclass from a YAML file, strictly checked and validated; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        cfg = from_dict(TrainConfig, yaml.safe_load(path.read_text()) or {})
+        cfg = from_dict(cls, yaml.safe_load(path.read_text()) or {})
         cfg.validate()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    return load_yaml_config(TrainConfig, path)
 
 
 # ---------------------------------------------------------------------------------------------
