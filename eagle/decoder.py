@@ -115,7 +115,8 @@ class TreeDecoder:
         eos_token_id: int or list; defaults to the model's generation config.
         attention: "auto" | "triton" | "reference" (ignored when ``model`` is already a Target).
         fallback: :class:`eagle.fallback.FallbackConfig`; when enabled, steps run without drafting
-            while drafting measures slower than plain decoding (see eagle/fallback.py).
+            while drafting measures slower than plain decoding (see eagle/fallback.py); what it
+            has measured carries over from one ``generate`` call to the next.
 
     Example::
 
@@ -130,6 +131,7 @@ class TreeDecoder:
         self.drafter = drafter or NoDrafter()
         self.eos = _eos_set(self.target.model, eos_token_id)
         self.fallback = fallback or FallbackConfig()
+        self.policy = FallbackPolicy(self.fallback)  # kept across generate calls (eagle/fallback.py)
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
@@ -188,7 +190,7 @@ class TreeDecoder:
         if on_tokens:
             on_tokens([root])
         done = root in self.eos or max_new_tokens == 1
-        policy = FallbackPolicy(self.fallback)
+        policy = self.policy
 
         while not done:
             t0 = time.perf_counter()

@@ -7,15 +7,27 @@ from eagle.decoder import TreeDecoder
 from eagle.fallback import FallbackConfig, FallbackPolicy
 
 
-def drive(policy, steps, draft_rate, plain_rate, draft_tokens=3):
-    """Run the policy over ``steps`` steps with fixed rates; returns the drafting decisions."""
+def drive(policy, steps, draft_rate, plain_rate, draft_tokens=3, jitter=None):
+    """Run the policy over ``steps`` steps with fixed rates (``jitter(step)`` -> tokens of a drafting
+    step, to model acceptance noise); returns the drafting decisions."""
     decisions = []
-    for _ in range(steps):
+    for i in range(steps):
         d = policy.use_draft()
         decisions.append(d)
-        tokens = draft_tokens if d else 1
-        policy.record(d, tokens, tokens / (draft_rate if d else plain_rate))
+        tokens = (jitter(i) if jitter else draft_tokens) if d else 1
+        policy.record(d, tokens, (draft_tokens if d else 1) / (draft_rate if d else plain_rate))
     return decisions
+
+
+def runs_of_plain(decisions):
+    runs, cur = [], 0
+    for x in decisions:
+        if not x:
+            cur += 1
+        elif cur:
+            runs.append(cur)
+            cur = 0
+    return runs
 
 
 def test_disabled_always_drafts():
@@ -28,23 +40,27 @@ def test_calibrates_then_keeps_drafting_when_it_pays():
 
 
 def test_falls_back_and_backs_off_when_drafting_loses():
-    cfg = FallbackConfig(enabled=True, window=4, calibrate=2, backoff=8, max_backoff=32)
-    d = drive(FallbackPolicy(cfg), 200, draft_rate=10.0, plain_rate=20.0)
-    assert d[:2] == [False, False] and d[2:6] == [True] * 4  # calibration, then one window of drafting
-    assert d[6:14] == [False] * 8  # first back-off
-    runs, cur = [], 0
-    for x in d[6:]:
-        if not x:
-            cur += 1
-        elif cur:
-            runs.append(cur)
-            cur = 0
+    cfg = FallbackConfig(enabled=True, min_steps=6, probe=4, calibrate=2, backoff=8, max_backoff=32)
+    d = drive(FallbackPolicy(cfg), 300, draft_rate=10.0, plain_rate=20.0)
+    assert d[:2] == [False, False] and d[2:8] == [True] * 6  # calibration, then min_steps of drafting
+    assert d[8:16] == [False] * 8  # first back-off
+    assert d[16:20] == [True] * 4  # a probe of 4 steps on a fresh estimate
+    runs = runs_of_plain(d[2:])
     assert runs[:3] == [8, 16, 32] and all(r == 32 for r in runs[3:])  # doubling, capped
     assert sum(d) / len(d) < 0.2  # a losing drafter costs only the probes
 
 
+def test_noisy_acceptance_of_a_winning_drafter_does_not_trigger_it():
+    # 1.3x on average, tokens per step 1..5 at random: the decayed estimate rides out unlucky runs
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(1, 6, (400,), generator=g).tolist()  # mean 3 tokens per drafting step
+    d = drive(FallbackPolicy(FallbackConfig(enabled=True)), 400, draft_rate=26.0, plain_rate=20.0,
+              jitter=lambda i: toks[i])
+    assert sum(d) / len(d) > 0.9
+
+
 def test_recovers_when_drafting_starts_paying():
-    cfg = FallbackConfig(enabled=True, window=4, calibrate=2, backoff=8)
+    cfg = FallbackConfig(enabled=True, min_steps=4, probe=4, calibrate=2, backoff=8, max_backoff=32)
     policy = FallbackPolicy(cfg)
     drive(policy, 30, draft_rate=10.0, plain_rate=20.0)
     later = drive(policy, 100, draft_rate=40.0, plain_rate=20.0)
@@ -57,15 +73,23 @@ def test_fallback_config_validation():
     cfg = from_dict(DecodeConfig, {"fallback": {"enabled": True, "margin": 0}})
     with pytest.raises(ConfigError, match="margin"):
         cfg.validate()
+    cfg = from_dict(DecodeConfig, {"fallback": {"enabled": True, "probe": 0}})
+    with pytest.raises(ConfigError, match="probe"):
+        cfg.validate()
 
 
-def test_decoder_with_fallback_is_still_lossless(tiny_model):
+def test_decoder_with_fallback_is_still_lossless_and_remembers(tiny_model):
     from conftest import RandomTreeDrafter
 
     model = tiny_model("llama")
     prompt = torch.randint(1, 128, (10,), generator=torch.Generator().manual_seed(0))
     expected = TreeDecoder(model).generate(prompt, 40).tokens
-    dec = TreeDecoder(model, RandomTreeDrafter(128, seed=1), fallback=FallbackConfig(enabled=True, window=3, calibrate=2))
+    dec = TreeDecoder(model, RandomTreeDrafter(128, seed=1), fallback=FallbackConfig(enabled=True, min_steps=3, calibrate=2))
     out = dec.generate(prompt, 40)
     assert out.tokens == expected
     assert out.stats.plain_steps >= 2  # the calibration steps ran without drafting
+    again = dec.generate(prompt, 40)
+    assert again.tokens == expected
+    # the policy's measurements carried over: no second calibration, and (a random drafter never
+    # pays) the second call starts inside a back-off
+    assert dec.policy.plain.steps >= out.stats.plain_steps and again.stats.plain_steps >= 1
