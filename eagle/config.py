@@ -59,6 +59,9 @@ class DecodeConfig:
             raise ConfigError("drafter.type 'eagle' needs drafter.head (a head checkpoint folder)")
         if self.drafter.type == "model" and not self.drafter.model:
             raise ConfigError("drafter.type 'model' needs drafter.model (a model name or folder)")
+        if self.drafter.sample and self.tree.shape == "dynamic":
+            raise ConfigError("drafter.sample: true needs a chain or static tree (the dynamic EAGLE-2 tree "
+                              "is always grown from the draft's top-k)")
         try:
             self.fallback.validate()
             self.tree.validate()

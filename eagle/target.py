@@ -25,9 +25,12 @@ def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``hidden (T, H) @ weight (V, H).T -> (T, V)``, computed as ``(weight @ hidden.T).T``.
 
     Same product; but CPU BLAS (MKL here) runs the few-rows case 2-5x faster in this orientation
-    (measured: T = 2..16 rows against a 49152 x 576 LM head, 17-25 ms -> 4-16 ms).
+    (measured: T = 2..16 rows against a 49152 x 576 LM head, 17-25 ms -> 4-16 ms). The result is
+    made row-major again: reductions along V (argmax, softmax) over a column-major (61, 49152)
+    view took 12 ms against 3.6 ms for the copy plus 2.5 ms for the argmax.
     """
-    return (weight @ hidden.T).T
+    out = (weight @ hidden.T).T  # (T, V), a column-major view
+    return out.contiguous() if out.shape[0] > 1 else out
 
 
 def tree_attention_mask(ancestors: torch.Tensor, prefix_len: int, positions: torch.Tensor,

@@ -204,3 +204,11 @@ def test_from_dict_direct():
     assert d == DrafterConfig(type="ngram", branches=2)
     with pytest.raises(ConfigError, match="'x.sample'"):
         from_dict(DrafterConfig, {"sample": 1}, "x.")
+
+
+def test_sampled_drafts_need_a_static_shape():
+    cfg = from_dict(DecodeConfig, {"drafter": {"type": "self", "sample": True},
+                                   "tree": {"shape": "dynamic", "depth": 2, "top_k": 2, "total_tokens": 3}})
+    with pytest.raises(ConfigError, match="sample"):
+        cfg.validate()
+    from_dict(DecodeConfig, {"drafter": {"type": "self", "sample": True}, "tree": {"shape": "chain", "depth": 2}}).validate()
