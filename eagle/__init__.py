@@ -9,6 +9,9 @@ Quick use::
 """
 from .config import DecodeConfig, load_config
 from .decoder import DecodeStats, GenerationResult, TreeDecoder
+from .draft_model import load_draft_model
+from .fallback import FallbackConfig
+from .head import DraftHead, load_head
 from .models import load_target
 from .target import Target
 from .tree import Tree
@@ -16,4 +19,5 @@ from .verify import greedy_verify, probs_from_logits, sample_verify, verify
 
 __version__ = "0.1.0"
 __all__ = ["Tree", "Target", "TreeDecoder", "DecodeStats", "GenerationResult", "DecodeConfig", "load_config",
-           "load_target", "verify", "greedy_verify", "sample_verify", "probs_from_logits"]
+           "load_target", "verify", "greedy_verify", "sample_verify", "probs_from_logits", "DraftHead", "load_head",
+           "load_draft_model", "FallbackConfig"]

@@ -565,3 +565,9 @@ def test_checkpoint_mismatch_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "nope", model)
     load_head(folder, model)  # the right target still loads
+
+
+def test_public_api_names():
+    import eagle
+
+    assert eagle.DraftHead is DraftHead and eagle.load_head is load_head
