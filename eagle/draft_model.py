@@ -58,8 +58,11 @@ def build_draft_model(target, layers: list[int]):
         cfg.layer_types = [tcfg.layer_types[i] for i in layers]
     student = type(target)(cfg).to(dtype=target.dtype, device=target.device)
     src = target.state_dict()
+    shared = set(shared_weight_names(student))  # re-pointed at the target's tensors below, not copied
     with torch.no_grad():
         for name, p in student.state_dict().items():
+            if name in shared:
+                continue
             p.copy_(src[_LAYER.sub(lambda m: f"{m.group(1)}layers.{layers[int(m.group(2))]}.", name, count=1)])
     _share(student, target)
     student.config.eagle_init_layers = list(layers)

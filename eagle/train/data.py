@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..prompts import encode_chat
 
-__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts"]
+__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
 
 
 def read_prompt_records(path: str | Path) -> list[str]:
@@ -178,8 +179,9 @@ class ShardDataset:
         if load_hidden and not manifest.get("has_hidden", True):
             raise ValueError(f"{folder} holds no features (made with extraction: online)")
         self.sequences: list[Sequence] = []
+        names = ("input_ids", "offsets", "prompt_lens") + (("hidden",) if load_hidden else ())
         for s in manifest["shards"]:
-            t = load_file(str(folder / s["file"]))
+            t = read_tensors(folder / s["file"], names)
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):
                 hid = t["hidden"][off[i]:off[i + 1]] if load_hidden else None
@@ -191,6 +193,12 @@ class ShardDataset:
 
     def __iter__(self) -> Iterator[Sequence]:
         return iter(self.sequences)
+
+
+def read_tensors(path: str | Path, names) -> dict[str, torch.Tensor]:
+    """Only the named tensors of a safetensors file (the features of a shard are most of its bytes)."""
+    with safe_open(str(path), framework="pt") as f:
+        return {n: f.get_tensor(n) for n in names}
 
 
 def token_counts(sequences, vocab_size: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..config import ConfigError
 from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
 from ..io import existing_dir
-from .data import ShardDataset, load_manifest
+from .data import ShardDataset, load_manifest, read_tensors
 from .trainer import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_train_config,
                       load_yaml_config, prepare_data, save_checkpoint)
 
@@ -89,7 +89,7 @@ def cache_target_topk(data_dir: str | Path, model, k: int, chunk: int = 1024, pr
     target = Target(model, "reference")
     todo = [s for s in (manifest or load_manifest(data_dir))["shards"] if not (data_dir / _topk_name(s["file"], k)).exists()]
     for s in tqdm(todo, desc=f"target top-{k}", unit="shard", disable=not progress or not todo, dynamic_ncols=True):
-        hidden = load_file(str(data_dir / s["file"]))["hidden"]  # (N, H) fp16
+        hidden = read_tensors(data_dir / s["file"], ("hidden",))["hidden"]  # (N, H) fp16
         ids, logp = [], []
         for i in range(0, hidden.shape[0], chunk):
             lp = torch.log_softmax(target.logits(hidden[i: i + chunk].to(target.device, model.dtype)), dim=-1)
@@ -108,7 +108,7 @@ def load_topk(data_dir: str | Path, k: int, manifest: dict | None = None) -> lis
     out = []
     for s in (manifest or load_manifest(data_dir))["shards"]:
         t = load_file(str(data_dir / _topk_name(s["file"], k)))
-        off = load_file(str(data_dir / s["file"]))["offsets"].tolist()
+        off = read_tensors(data_dir / s["file"], ("offsets",))["offsets"].tolist()
         for i in range(len(off) - 1):
             out.append((t["ids"][off[i]:off[i + 1]].long(), t["logp"][off[i]:off[i + 1]].float()))
     return out
