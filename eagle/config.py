@@ -16,6 +16,7 @@ __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
+DRAFT_DTYPES = ("", "float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -34,6 +35,7 @@ class DrafterConfig:
     max_ngram: int = 3
     min_ngram: int = 1
     branches: int = 1  # ngram: distinct continuations kept as tree branches
+    dtype: str = ""  # eagle: run the head in this precision (float32 | bfloat16 | float16); "" = the target's
 
 
 @dataclass
@@ -55,6 +57,11 @@ class DecodeConfig:
                 raise ConfigError("drafter needs 1 <= min_ngram <= max_ngram")
             if d.branches < 1:
                 raise ConfigError("drafter.branches must be >= 1")
+        if self.drafter.dtype not in DRAFT_DTYPES:
+            raise ConfigError(f"drafter.dtype must be one of {DRAFT_DTYPES[1:]} (or empty for the target's), "
+                              f"got '{self.drafter.dtype}'")
+        if self.drafter.dtype and self.drafter.type != "eagle":
+            raise ConfigError(f"drafter.dtype applies to the eagle drafter only, not '{self.drafter.type}'")
         if self.drafter.type == "eagle" and not self.drafter.head:
             raise ConfigError("drafter.type 'eagle' needs drafter.head (a head checkpoint folder)")
         if self.drafter.type == "model" and not self.drafter.model:

@@ -182,6 +182,8 @@ def test_non_mapping_sections(tmp_path, text):
     ("drafter: {type: ngram, min_ngram: 3, max_ngram: 2}\n", "min_ngram"),
     ("drafter: {type: ngram, min_ngram: 0}\n", "min_ngram"),
     ("drafter: {type: ngram, branches: 0}\n", "branches"),
+    ("drafter: {type: eagle, head: h, dtype: int8}\n", "drafter.dtype"),
+    ("drafter: {type: ngram, dtype: bfloat16}\n", "eagle drafter only"),
 ])
 def test_bad_values(tmp_path, text, needle):
     with pytest.raises(ConfigError, match=needle):

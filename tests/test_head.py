@@ -344,7 +344,12 @@ def test_grow_dynamic_matches_reference(depth, top_k, total, root):
 
 class CheckedDrafter(EagleDrafter):
     """Records every ``extend`` and checks the head cache against a fresh recomputation after each
-    ``propose``."""
+    ``propose``. With ``dtype`` (a reduced-precision fast path) the recomputation runs the original
+    float32 head (``ref_head``) and compares within ``tol`` (atol = rtol)."""
+
+    def __init__(self, target, head, shape, dtype=None, tol=1e-4):
+        super().__init__(target, head, shape, dtype=dtype)
+        self.ref_head, self.tol = head, tol
 
     def reset(self, prompt_ids):
         super().reset(prompt_ids)
@@ -374,11 +379,11 @@ def check_head_cache(dr: EagleDrafter) -> None:
         torch.testing.assert_close(torch.cat(dr.ext_f), feats[0], atol=1e-4, rtol=1e-4)
         assert torch.equal(torch.cat(dr.ext_x), nxt)
         fresh = DynamicCache()
-        dr.head(feats, dr.target.embed(nxt)[None], torch.arange(n)[None], causal(1, n), cache=fresh)
+        dr.ref_head(feats, dr.target.embed(nxt)[None], torch.arange(n)[None], causal(1, n), cache=fresh)
     got, want = dr.cache.layers[0], fresh.layers[0]
-    assert got.keys.shape == want.keys.shape
-    torch.testing.assert_close(got.keys, want.keys, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got.values, want.values, atol=1e-4, rtol=1e-4)
+    assert got.keys.shape == want.keys.shape and got.keys.dtype == dr.dtype
+    torch.testing.assert_close(got.keys.float(), want.keys, atol=dr.tol, rtol=dr.tol)
+    torch.testing.assert_close(got.values.float(), want.values, atol=dr.tol, rtol=dr.tol)
     dr.checked += 1
 
 
@@ -398,7 +403,7 @@ def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
             f = torch.cat([feats, torch.stack([pred[a] for a in path[:-1]])]) if node else feats
             x = torch.cat([nxt, torch.tensor([toks[a] for a in path[1:]], dtype=torch.long)])
             m = len(x)
-            out = dr.head(f[None], dr.target.embed(x)[None], torch.arange(m)[None], causal(1, m))
+            out = dr.ref_head(f[None], dr.target.embed(x)[None], torch.arange(m)[None], causal(1, m))
             pred[node] = out[0, -1]
         # draft log-probs are a softmax over the draft vocabulary (all of it when there is none)
         dv = dr.head.draft_vocab.tolist()
@@ -408,7 +413,7 @@ def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
         for node in range(1, len(tree)):
             logq = torch.log_softmax((pred[par[node]] @ lm_w.T).float(), dim=-1)
             want = float(tree.scores[par[node]]) + float(logq[col[toks[node]]])
-            assert float(tree.scores[node]) == pytest.approx(want, abs=1e-3, rel=1e-4), node
+            assert float(tree.scores[node]) == pytest.approx(want, abs=10 * dr.tol, rel=dr.tol), node
 
 
 @pytest.mark.parametrize("head_kind", ["bigram", "random", "random-draft-vocab"])
@@ -443,6 +448,27 @@ def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
     assert len(dr.history) >= len(text) - (max_depth + 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=4, top_k=3, total_tokens=10),
+                                   TreeShape(shape="static", choices=STATIC)], ids=["dynamic", "static"])
+def test_reduced_precision_drafter_matches_float32_reference(shape, dtype):
+    """The bf16 / fp16 fast path (head fc + layer + draft LM head cast, rotary kept in fp32) drafts
+    what the float32 head computes one pair at a time, within the format's rounding; the caller's
+    head is left untouched."""
+    model = tiny_model("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=3, draft_vocab=torch.tensor(sorted(random.Random(9).sample(range(V), 48))))
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    dr = CheckedDrafter(target, head, shape, dtype=dtype, tol=0.05)
+    assert dr.head is not head and dr.head.fc.weight.dtype == dtype and dr.lm_w.dtype == dtype
+    assert dr.head.rotary.inv_freq.dtype == torch.float32
+    prompt = torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(5))  # positions > 256
+    out = TreeDecoder(target, dr).generate(prompt, 24)
+    assert dr.checked == out.stats.target_forwards >= 3
+    assert out.tokens == TreeDecoder(target, None).generate(prompt, 24).tokens  # still lossless
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. lossless: greedy TreeDecoder + EagleDrafter == plain greedy generate
 # ------------------------------------------------------------------------------------------------
@@ -464,21 +490,22 @@ def plain_greedy(arch: str, prompt: torch.Tensor) -> list[int]:
     return _plain[key]
 
 
-@pytest.mark.parametrize("head_kind", ["random", "bigram"])
+@pytest.mark.parametrize("head_kind", ["random", "bigram", "bigram-bf16"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_eagle_is_lossless(arch, shape, head_kind):
     model = tiny_model(arch)
     target = Target(model, "reference")
     head = random_head(model) if head_kind == "random" else bigram_head(model)
+    dtype = torch.bfloat16 if head_kind.endswith("bf16") else None
     accepted = 0
     for seed, n_prompt in ((0, 5), (1, 13)):
         prompt = torch.randint(0, V, (n_prompt,), generator=torch.Generator().manual_seed(seed))
-        out = TreeDecoder(target, EagleDrafter(target, head, SHAPES[shape])).generate(prompt, N_NEW)
+        out = TreeDecoder(target, EagleDrafter(target, head, SHAPES[shape], dtype=dtype)).generate(prompt, N_NEW)
         assert out.tokens == plain_greedy(arch, prompt), (arch, shape, head_kind, n_prompt)
         assert out.stats.new_tokens == N_NEW
         accepted += out.stats.new_tokens - 1 - out.stats.target_forwards
-    if head_kind == "bigram":  # accepted drafts really happened
+    if head_kind.startswith("bigram"):  # accepted drafts really happened
         assert accepted >= 5
 
 

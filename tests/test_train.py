@@ -238,6 +238,22 @@ def test_resume_after_interrupt_is_exact(offline, model, run_a):
     assert summary["eval"][-1]["loss"] == pytest.approx(summary_a["eval"][-1]["loss"], abs=1e-6)
 
 
+def test_resume_refuses_a_checkpoint_of_other_settings(offline, model):
+    """A checkpoint left by a run with other settings is not silently continued (that would mix two
+    runs); settings that do not touch the weights (eval/checkpoint cadence, export) may change."""
+    root, data, prompts = offline
+    cfg = config(root, data, prompts, "run-c", max_steps=2)
+    train(cfg, model=model, progress=False)
+    for over, needle in (({"lr": 1e-3}, r"lr: 0\.003 -> 0\.001"), ({"max_steps": 4}, "max_steps: 2 -> 4"),
+                         ({"draft_vocab_size": 32}, "draft_vocab_size")):
+        with pytest.raises(ValueError, match=needle):
+            train(config(root, data, prompts, "run-c", **over), model=model, progress=False)
+    seen = []
+    train(config(root, data, prompts, "run-c", max_steps=2, eval_every=1, checkpoint_every=1), model=model,
+          progress=False, on_step=seen.append)
+    assert seen == []  # resumed at its last step: nothing left to train
+
+
 def test_checkpoints_are_atomic(run_a):
     cfg, _ = run_a
     out = Path(cfg.out_dir)
@@ -263,16 +279,21 @@ def test_stale_old_folders_do_not_break_saving(offline, model):
     """A crash between "new folder in place" and "old folder removed" leaves ``checkpoint.old`` (and
     ``<export>.old``) behind; the next run must still resume, save and export."""
     root, data, prompts = offline
-    cfg = config(root, data, prompts, "stale", max_steps=4, checkpoint_every=2)
-    train(cfg, model=model, progress=False)
+    cfg = config(root, data, prompts, "stale", max_steps=6, checkpoint_every=2)
+
+    def interrupt(step):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, model=model, progress=False, on_step=interrupt)
     out, export = Path(cfg.out_dir), Path(cfg.export)
     for stale in (out / "checkpoint.old", export.with_name(export.name + ".old")):
         stale.mkdir()
         (stale / "leftover").write_text("from a crashed save")
-    cfg.max_steps = 6
     seen = []
     summary = train(cfg, model=model, progress=False, on_step=seen.append)
-    assert seen == [5, 6] and summary["steps"] == 6
+    assert seen == [3, 4, 5, 6] and summary["steps"] == 6  # from the step-2 checkpoint
     assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 6
     load_head(export, model)
 

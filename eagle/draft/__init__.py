@@ -1,6 +1,8 @@
 """Drafters behind one small interface (:class:`Drafter`), built from a config by name."""
 from __future__ import annotations
 
+import torch
+
 from .base import Drafter, NoDrafter, Sampling
 from .ngram import NgramDrafter
 from .selfdraft import SelfDrafter
@@ -23,7 +25,8 @@ def build_drafter(config, target) -> Drafter:
         from .eagle_head import EagleDrafter
 
         head = load_head(d.head, target.model).to(target.device)
-        return EagleDrafter(target, head, config.tree, sample=d.sample)
+        return EagleDrafter(target, head, config.tree, sample=d.sample,
+                            dtype=getattr(torch, d.dtype) if d.dtype else None)
     if d.type == "model":
         from ..draft_model import is_draft_model, load_draft_model
         from ..models import load_model

@@ -4,8 +4,15 @@ The head keeps its own KV cache of committed pairs ``(f_i, x_{i+1})`` (true targ
 drafting, tree nodes append their entries after the committed ones and attend to the committed
 prefix plus their own ancestors; afterwards the cache is cropped back to the committed part, and the
 next ``propose`` appends the newly accepted pairs (recomputed from the target's true features).
+
+``dtype`` runs the head's fc + layer and the draft LM head in another precision than the target
+(e.g. bfloat16: half the weight bytes per level, and native bf16 matmuls on CPUs with AVX512-BF16).
+Drafts only propose; the verifier still checks every token against the target in its own precision,
+so this changes speed and acceptance, never the output.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from transformers import DynamicCache
@@ -18,9 +25,19 @@ from .shape import TreeShape
 
 
 class EagleDrafter(Drafter):
-    def __init__(self, target: Target, head: DraftHead, shape: TreeShape, sample: bool = False):
+    """``head`` is used as given when ``dtype`` is None or its own dtype; otherwise the drafter
+    works on a copy cast to ``dtype`` (the rotary embedding stays in float32: positions in the
+    hundreds are not representable exactly in bfloat16)."""
+
+    def __init__(self, target: Target, head: DraftHead, shape: TreeShape, sample: bool = False,
+                 dtype: torch.dtype | None = None):
+        self.dtype = dtype or head.fc.weight.dtype
+        if self.dtype != head.fc.weight.dtype:
+            head = copy.deepcopy(head)
+            head.fc.to(self.dtype)
+            head.layer.to(self.dtype)
         self.target, self.head, self.shape, self.sample = target, head, shape, sample
-        self.lm_w = head.lm_weight(target.lm_head).detach()  # (Vd, H)
+        self.lm_w = head.lm_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
         self.vocab = target.lm_head.weight.shape[0]
         self.d2t = head.draft_vocab.to(target.device) if head.draft_vocab.numel() else None
         if target.use_kernel:  # the head's tree levels go through the same kernel as the target
@@ -44,9 +61,9 @@ class EagleDrafter(Drafter):
                  tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``feats (n, H)``, ``toks (n,)``, ``pos (n,)``, ``mask (n, S)`` -> predicted features ``(n, H)``.
         ``tree_mask``: the tree part of ``mask`` (its last columns), for the tree-attention kernel."""
-        emb = self.target.embed(toks)[None]  # (1, n, H)
+        emb = self.target.embed(toks)[None].to(self.dtype)  # (1, n, H)
         extra = {"tree_mask": tree_mask} if tree_mask is not None and self.target.use_kernel else {}
-        out = self.head(feats[None].to(emb.dtype), emb, pos[None], mask[None, None], cache=self.cache, **extra)
+        out = self.head(feats[None].to(self.dtype), emb, pos[None], mask[None, None], cache=self.cache, **extra)
         return out[0]
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
@@ -68,33 +85,40 @@ class EagleDrafter(Drafter):
     def propose(self, root: int, sampling: Sampling) -> Tree:
         committed = self.cache.get_seq_length() + sum(len(x) for x in self.pending_x)
         root_feat = self.catch_up()  # predicted feature at the root's position
-        feat = {0: root_feat}  # node -> predicted feature after it
-        slot: dict[int, int] = {}  # node -> index of its entry among the tree's cache entries
+        dev = root_feat.device
+        # Drafted nodes get cache slots in the order they are run. Per slot: its row in `feats`
+        # (row 0 = the root's feature, row 1 + s = the feature predicted after slot s), its depth,
+        # and its row of the ancestor matrix `anc` (slot x slot, self included).
+        feats = root_feat[None]  # (1 + S, H)
+        anc = torch.zeros(0, 0, dtype=torch.bool)  # (S, S), built on the CPU: a few small ops per level
+        slot: dict[int, int] = {}  # tree node -> slot
+        depth: list[int] = []  # slot -> depth of its node (the root is depth 0)
+
+        def row(n: int) -> int:  # node -> its row in `feats`
+            return 0 if n == 0 else 1 + slot[n]
 
         def expand(tree: Tree, nodes: list[int]) -> torch.Tensor:
-            new = [n for n in nodes if n not in feat]
+            nonlocal feats, anc
+            new = [n for n in nodes if n != 0 and n not in slot]
             if new:
-                par = tree.parents.tolist()
-                dev = root_feat.device
-                # each new node sees the committed prefix, its ancestors' tree entries and itself;
-                # walking up the parents is cheaper than a full ancestor mask of a large pool
-                tree_part = torch.zeros(len(new), len(slot), dtype=torch.bool)
-                depth = []
-                for i, n in enumerate(new):
-                    a, d = par[n], 1
-                    while a > 0:
-                        tree_part[i, slot[a]] = True
-                        a, d = par[a], d + 1
+                par = tree.parents[new].tolist()
+                S, F = len(depth), len(new)
+                ps = torch.tensor([slot.get(p, -1) for p in par], dtype=torch.long)  # (F,) -1 = the root
+                # a new node sees its parent's ancestors and its parent (nothing for the root's children)
+                above = anc[ps.clamp(min=0)] & (ps >= 0)[:, None] if S else torch.zeros(F, 0, dtype=torch.bool)
+                tree_cols = torch.cat([above, torch.eye(F, dtype=torch.bool)], dim=1)  # (F, S + F)
+                anc = torch.cat([torch.cat([anc, torch.zeros(S, F, dtype=torch.bool)], dim=1), tree_cols])
+                d_new = [1 + (depth[slot[p]] if p else 0) for p in par]
+                for n, d in zip(new, d_new):
+                    slot[n] = len(depth)
                     depth.append(d)
-                tree_cols = torch.cat([tree_part, torch.eye(len(new), dtype=torch.bool)], dim=1).to(dev)
-                mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
-                pos = committed - 1 + torch.tensor(depth, device=dev)
-                f_in = torch.stack([feat[par[n]] for n in new])
+                tree_cols = tree_cols.to(dev)
+                mask = torch.cat([torch.ones(F, committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
+                pos = committed - 1 + torch.tensor(d_new, device=dev)  # (F,)
+                f_in = feats[torch.tensor([row(p) for p in par], device=dev)]  # (F, H)
                 out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask, tree_cols)
-                for i, n in enumerate(new):
-                    feat[n] = out[i]
-                    slot[n] = len(slot)
-            return self._logits(torch.stack([feat[n] for n in nodes]))
+                feats = torch.cat([feats, out])
+            return self._logits(feats[torch.tensor([row(n) for n in nodes], device=dev)])
 
         tree = self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)
         Target.crop(self.cache, committed)

@@ -112,8 +112,7 @@ def select_dynamic(scores: torch.Tensor, parents: torch.Tensor, total: int) -> t
     exceeds its parent's, the top set is ancestor-closed except for ties; ties are broken towards
     shallower (earlier) nodes, and any missing ancestor is added by construction.
     """
-    n = len(scores)
-    order = sorted(range(1, n), key=lambda i: (-float(scores[i]), i))
+    order = (torch.sort(-scores[1:].float(), stable=True).indices + 1).tolist()  # ties: lower index first
     par = parents.tolist()
     keep: set[int] = {0}
     for i in order:
@@ -133,22 +132,18 @@ def grow_dynamic(root: int, depth: int, top_k: int, total_tokens: int, expand: E
     """EAGLE-2 dynamic tree: expand the ``top_k`` best frontier nodes (by cumulative draft
     log-prob) at each of ``depth`` levels, each with its ``top_k`` best children, then keep the best
     ``total_tokens`` drafted nodes (parents before children)."""
-    tokens, parents, scores = [root], [-1], [0.0]
-    frontier = [0]
+    tokens = torch.tensor([root], dtype=torch.long)  # (N,) the pool grows by F * top_k per level
+    parents = torch.tensor([-1], dtype=torch.long)  # (N,)
+    scores = torch.zeros(1)  # (N,) cumulative draft log-prob
+    frontier = torch.tensor([0], dtype=torch.long)  # (F,)
     for d in range(depth):
-        built = Tree.from_lists(tokens, parents)
-        logits = expand(built, frontier)  # (F, V)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        top = logq.topk(top_k, dim=-1)  # (F, k)
-        cand = []
-        for f, toks, vals in zip(frontier, _to_target(top.indices, vocab_map).tolist(), top.values.tolist()):
-            for t, v in zip(toks, vals):
-                tokens.append(t)
-                parents.append(f)
-                scores.append(scores[f] + v)
-                cand.append(len(tokens) - 1)
-        if d + 1 < depth:
-            frontier = sorted(cand, key=lambda i: (-scores[i], i))[:top_k]
-            frontier.sort()
-    pool = Tree(torch.tensor(tokens), torch.tensor(parents), None, torch.tensor(scores))
-    return pool.select(select_dynamic(pool.scores, pool.parents, total_tokens))
+        logits = expand(Tree(tokens, parents), frontier.tolist())  # (F, V)
+        top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (F, k)
+        n0 = len(tokens)
+        cand = (scores[frontier][:, None] + top.values.cpu()).flatten()  # (F * k,) parent-major
+        tokens = torch.cat([tokens, _to_target(top.indices, vocab_map).flatten().cpu()])
+        parents = torch.cat([parents, frontier.repeat_interleave(top.values.shape[1])])
+        scores = torch.cat([scores, cand])
+        if d + 1 < depth:  # best top_k by score, ties towards the earlier node; kept in pool order
+            frontier = (n0 + torch.sort(-cand, stable=True).indices[:top_k]).sort().values
+    return Tree(tokens, parents, None, scores).select(select_dynamic(scores, parents, total_tokens))

@@ -24,10 +24,9 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
-from ..io import existing_dir
 from .data import ShardDataset, load_manifest, read_tensors
 from .trainer import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_train_config,
-                      load_yaml_config, prepare_data, save_checkpoint)
+                      load_resume_state, load_yaml_config, prepare_data, save_checkpoint)
 
 __all__ = ["DistillConfig", "load_distill_config", "distill", "cache_target_topk", "distill_loss"]
 
@@ -212,12 +211,11 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
 
     ckpt = Path(cfg.out_dir) / "checkpoint"
     step = 0
-    found = existing_dir(ckpt)
-    if found is not None and (found / "state.pt").exists():  # resume: weights, optimizer, data position
-        student.load_state_dict(load_file(str(found / "student.safetensors")), strict=False)
-        state = torch.load(found / "state.pt", weights_only=False)
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
+    resumed = load_resume_state(ckpt, cfg, weights="student.safetensors")
+    if resumed is not None:  # resume: weights, optimizer, data position
+        student.load_state_dict(resumed[0], strict=False)
+        opt.load_state_dict(resumed[1]["optimizer"])
+        step = resumed[1]["step"]
     steps_per_epoch = len(train_seqs) // cfg.batch_size
     total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
 

@@ -249,6 +249,28 @@ class _Features:
         return out
 
 
+# settings that may change between a run and its resumption: they do not touch the trained weights
+RESUMABLE_CHANGES = ("eval_every", "checkpoint_every", "export", "export_dtype", "out_dir")
+
+
+def load_resume_state(folder: Path, cfg, weights: str = "head.safetensors") -> tuple[dict, dict] | None:
+    """``(weights, state)`` of the checkpoint in ``folder`` (None when there is none).
+
+    Raises ValueError when the checkpoint was written by a run with other settings (other data, draft
+    vocabulary, schedule...): silently continuing it would mix two runs."""
+    found = existing_dir(folder)
+    if found is None or not (found / "state.pt").exists():
+        return None
+    state = torch.load(found / "state.pt", weights_only=False)
+    saved, now = state.get("config", {}), asdict(cfg)
+    diff = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now
+            if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]]
+    if diff:
+        raise ValueError(f"the checkpoint in {found} (step {state['step']}) was written with other settings ("
+                         + "; ".join(diff) + "): set another out_dir, or delete that folder to start over")
+    return load_file(str(found / weights)), state
+
+
 def save_checkpoint(folder: Path, state: dict, opt, step: int, cfg, weights: str = "head.safetensors") -> None:
     """Atomically replace ``folder`` with the weights ``state``, the optimizer state and the step."""
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -319,12 +341,11 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     step = 0
-    found = existing_dir(ckpt)
-    if found is not None and (found / "state.pt").exists():  # resume: weights, optimizer, data position
-        head.load_state_dict(load_file(str(found / "head.safetensors")))
-        state = torch.load(found / "state.pt", weights_only=False)
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
+    resumed = load_resume_state(ckpt, cfg)
+    if resumed is not None:  # resume: weights, optimizer, data position
+        head.load_state_dict(resumed[0])
+        opt.load_state_dict(resumed[1]["optimizer"])
+        step = resumed[1]["step"]
     steps_per_epoch = len(train_set) // cfg.batch_size
     total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
     model_ddp = torch.nn.parallel.DistributedDataParallel(head) if run.world > 1 else head
