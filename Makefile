@@ -33,7 +33,7 @@ bench: setup
 		--config experiments/configs/chain-draft-model.yaml \
 		--json experiments/results/bench-smollm2.json
 
-# the head: self-distilled data + training + export (~1 h 20 min on 2 cores: ~46 min data, ~30 min training)
+# the head: self-distilled data + training + export (~1 h 50 min on 2 cores: ~58 min data, ~50 min training)
 head: setup
 	$(BIN)/eagle train --config experiments/configs/train-smollm2.yaml
 
