@@ -16,7 +16,8 @@ __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
-DRAFT_DTYPES = ("", "float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
+DRAFT_DTYPES = ("",) + DTYPES  # "" = the target's
 
 
 class ConfigError(ValueError):
@@ -117,15 +118,21 @@ def _resolve(rel: str, config_path: Path) -> Path:
     raise ConfigError(f"path not found: {rel}")
 
 
-def load_config(path: str | Path) -> DecodeConfig:
-    """Load and validate a decoding config; the name defaults to the file's stem."""
-    path = Path(path)
+def read_yaml(path: Path):
+    """The parsed YAML of a config file (None when empty); a missing file or invalid YAML is a
+    ConfigError that names the file."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
+
+
+def load_config(path: str | Path) -> DecodeConfig:
+    """Load and validate a decoding config; the name defaults to the file's stem."""
+    path = Path(path)
+    data = read_yaml(path)
     data = {} if data is None else data
     try:
         if isinstance(data, dict):

@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import yaml
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..config import ConfigError, from_dict
+from ..config import DTYPES, ConfigError, from_dict, read_yaml
 from ..head import DraftHead, HeadConfig, save_head
 from ..io import existing_dir, replace_dir
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
@@ -79,7 +78,7 @@ def check_optimization(cfg, positive: tuple[str, ...]) -> None:
             raise ConfigError(f"{name} must be >= 1")
     if cfg.lr <= 0 or cfg.epochs <= 0:
         raise ConfigError("lr and epochs must be > 0")
-    if cfg.export_dtype not in ("float32", "float16", "bfloat16"):
+    if cfg.export_dtype not in DTYPES:
         raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{cfg.export_dtype}'")
     if not 0 <= cfg.heldout_fraction < 1:
         raise ConfigError("heldout_fraction must be in [0, 1)")
@@ -88,13 +87,10 @@ def check_optimization(cfg, positive: tuple[str, ...]) -> None:
 def load_yaml_config(cls, path: str | Path):
     """A ``cls`` dataclass from a YAML file, strictly checked and validated; errors name the file."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    data = read_yaml(path) or {}
     try:
-        cfg = from_dict(cls, yaml.safe_load(path.read_text()) or {})
+        cfg = from_dict(cls, data)
         cfg.validate()
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg
