@@ -22,3 +22,26 @@ def test_head_matches_its_target(smollm2):
 def test_shipped_head_greedy_identical(smollm2, config):
     _, tau = shipped_config_mean_tau(smollm2, ROOT / f"experiments/configs/{config}.yaml")
     assert tau > 1.2  # a trained head: drafts do get accepted
+
+
+def test_drafter_time_script_restores_the_drafter_state(smollm2):
+    """experiments/drafter_time.py times repeated ``propose`` calls from one decoding state: every
+    repeat must draft the same full tree, in float32 and in bf16."""
+    import dataclasses
+    import importlib.util
+
+    import torch
+
+    from eagle.config import load_config
+
+    spec = importlib.util.spec_from_file_location("drafter_time", ROOT / "experiments/drafter_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = load_config(ROOT / "experiments/configs/eagle2-dynamic.yaml")
+    for dtype in ("float32", "bfloat16"):
+        cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=dtype))
+        times, trees = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=2)
+        assert len(times) == 2 and min(times) > 0 and len(trees) == 3
+        assert len(trees[0]) == config.tree.total_tokens + 1
+        for t in trees[1:]:
+            assert torch.equal(t.tokens, trees[0].tokens) and torch.equal(t.parents, trees[0].parents)
