@@ -16,7 +16,7 @@ from .config import DecodeConfig
 from .decoder import DecodeStats, TreeDecoder
 from .prompts import encode_chat
 
-__all__ = ["run_bench", "format_table", "device_name"]
+__all__ = ["run_bench", "format_table", "format_compile", "device_name"]
 
 
 def device_name(device: torch.device) -> str:
@@ -64,10 +64,12 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
 
 
 def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig], max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None) -> dict:
+              temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None,
+              on_compiled=None) -> dict:
     """Run the benchmark and return the result dict (see docs/results.md for the fields).
 
-    ``on_update(result)`` is called after each finished run, so a caller can save partial results.
+    ``on_update(result)`` is called after each finished run, so a caller can save partial results;
+    ``on_compiled({config: {bucket: seconds}})`` once after the warm-up when any step was compiled.
     """
     encoded = [encode_chat(tokenizer, p) for p in prompts]
     plain_dec = TreeDecoder(model, None)
@@ -81,9 +83,13 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
               "plain": {}, "runs": []}
     gen_kw = dict(temperature=temperature, top_p=top_p)
     decoders = [TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None) for cfg in configs]
-    # warm-up so no method pays first-call costs inside the timing
+    # warm-up so no method pays first-call costs (compilation included) inside the timing
     for dec in [plain_dec] + decoders:
         dec.generate(encoded[0], min(8, max_new_tokens))
+    result["compile_s"] = {cfg.name: dict(dec.target.compile_s) for cfg, dec in zip(configs, decoders)
+                           if dec.target.compile_s}
+    if on_compiled and result["compile_s"]:
+        on_compiled(result["compile_s"])
     _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
 
     methods = [("plain", lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw)),
@@ -119,7 +125,9 @@ def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, m
     plain, hf = runs["plain"], runs["hf generate"]
     n = len(plain.tokens)
     baseline = max(plain.tokens_per_s, hf.tokens_per_s)
+    vs_hf = (lambda tps: tps / hf.tokens_per_s if hf.tokens_per_s else 0.0)
     result["plain"] = {"tokens_per_s": plain.tokens_per_s, "hf_tokens_per_s": hf.tokens_per_s,
+                       "speedup_vs_hf": vs_hf(plain.tokens_per_s),
                        "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)), "prompts": n}
     result["runs"] = []
     for cfg in configs:
@@ -127,6 +135,7 @@ def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, m
         st = run.stats
         entry = {"config": cfg.name, "mean_accepted": st.tau, "alpha": st.alpha, "tokens_per_s": run.tokens_per_s,
                  "speedup": run.tokens_per_s / baseline if baseline else 0.0,
+                 "speedup_vs_hf": vs_hf(run.tokens_per_s),
                  "identical_to_plain": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
                  "prompts": n, "accepted_hist": st.accepted_hist,
                  "per_depth_acceptance": st.per_depth_acceptance,
@@ -146,19 +155,27 @@ def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, m
         result["runs"].append(entry)
 
 
+def format_compile(compile_s: dict) -> str:
+    """One line per config: the seconds each bucket's first (compiling) call took."""
+    return "\n".join(f"compiled {name}: " + ", ".join(f"{b} nodes {t:.1f} s" for b, t in sorted(per.items()))
+                     + f" (total {sum(per.values()):.1f} s; cached under $EAGLE_CACHE/inductor for the next process)"
+                     for name, per in compile_s.items())
+
+
 def format_table(result: dict) -> str:
     p = result["plain"]
     lines = [f"target: {result['target']}   device: {result['device']}   "
              f"max_new_tokens: {result['max_new_tokens']}   temperature: {result['temperature']}",
              f"plain loop: {p['tokens_per_s']:.2f} tok/s   transformers generate: {p['hf_tokens_per_s']:.2f} tok/s   "
+             f"plain / generate: {p.get('speedup_vs_hf', 0.0):.2f}x   "
              f"plain == generate on {p['identical_to_hf']}/{p['prompts']} prompts",
              "",
-             f"| {'config':<22} | {'tau':>5} | {'alpha':>5} | {'tok/s':>7} | {'speedup':>7} | {'identical':>9} | "
+             f"| {'config':<22} | {'tau':>5} | {'alpha':>5} | {'tok/s':>7} | {'speedup':>7} | {'vs hf':>6} | {'identical':>9} | "
              f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} | {'other ms':>8} |",
-             f"|{'-' * 24}|{'-' * 7}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
+             f"|{'-' * 24}|{'-' * 7}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
     for r in result["runs"]:
         lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r.get('alpha', 0.0):5.2f} | {r['tokens_per_s']:7.2f} | "
-                     f"{r['speedup']:6.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
+                     f"{r['speedup']:6.2f}x | {r.get('speedup_vs_hf', 0.0):5.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
                      f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} | "
                      f"{r['step_ms']['bookkeeping']:8.1f} |")
     lines.append("")

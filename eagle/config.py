@@ -11,6 +11,7 @@ import yaml
 from .draft.shape import TreeShape
 from .fallback import FallbackConfig
 from .models import EMBEDDED
+from .runtime import RuntimeConfig
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
 
@@ -46,6 +47,7 @@ class DecodeConfig:
     tree: TreeShape = field(default_factory=TreeShape)
     attention: str = "auto"  # auto: Triton kernel on CUDA, SDPA reference elsewhere
     fallback: FallbackConfig = field(default_factory=FallbackConfig)  # plain steps when drafting loses
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # the target forward's cache/buckets/dtype/compile
 
     def validate(self) -> None:
         if self.drafter.type not in DRAFTERS:
@@ -73,6 +75,7 @@ class DecodeConfig:
         try:
             self.fallback.validate()
             self.tree.validate()
+            self.runtime.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

@@ -13,6 +13,7 @@ import torch
 from .draft import build_drafter
 from .draft.base import Drafter, NoDrafter, Sampling
 from .fallback import FallbackConfig, FallbackPolicy
+from .runtime import RuntimeConfig
 from .target import Target
 from .tree import Tree
 from .verify import probs_from_logits, verify
@@ -114,6 +115,8 @@ class TreeDecoder:
         drafter: a :class:`eagle.draft.Drafter`; ``None`` = plain decoding through the same loop.
         eos_token_id: int or list; defaults to the model's generation config.
         attention: "auto" | "triton" | "reference" (ignored when ``model`` is already a Target).
+        runtime: :class:`eagle.runtime.RuntimeConfig` of the target's forward (cache kind, buckets,
+            precision, compilation); ignored when ``model`` is already a Target.
         fallback: :class:`eagle.fallback.FallbackConfig`; when enabled, steps run without drafting
             while drafting measures slower than plain decoding (see eagle/fallback.py); what it
             has measured carries over from one ``generate`` call to the next.
@@ -126,8 +129,8 @@ class TreeDecoder:
     """
 
     def __init__(self, model, drafter: Drafter | None = None, eos_token_id=None, attention: str = "auto",
-                 fallback: FallbackConfig | None = None):
-        self.target = model if isinstance(model, Target) else Target(model, attention)
+                 fallback: FallbackConfig | None = None, runtime: RuntimeConfig | None = None):
+        self.target = model if isinstance(model, Target) else Target(model, attention, runtime)
         self.drafter = drafter or NoDrafter()
         self.eos = _eos_set(self.target.model, eos_token_id)
         self.fallback = fallback or FallbackConfig()
@@ -136,7 +139,7 @@ class TreeDecoder:
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
         """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`."""
-        target = model if isinstance(model, Target) else Target(model, config.attention)
+        target = model if isinstance(model, Target) else Target(model, config.attention, config.runtime)
         return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
 
     def _pick(self, logits: torch.Tensor, sampling: Sampling) -> int:
@@ -180,7 +183,8 @@ class TreeDecoder:
         ids = ids.to(target.device)
 
         t0 = time.perf_counter()
-        cache = target.new_cache()
+        # room for the prompt, the answer and the largest bucketed tree (a larger tree grows it)
+        cache = target.new_cache(len(ids) + max_new_tokens + target.runtime.buckets[-1])
         out = target.prefill(ids, cache)
         root = self._pick(out.logits[-1], sampling)
         drafter.reset(ids)

@@ -8,14 +8,22 @@ stored on the model: the cache, mask and positions are arguments of every call.
 """
 from __future__ import annotations
 
+import copy
+import os
+import time
+import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from .tree import Tree
+from .kv import SlotCache
+from .packed import PackedLinear, packed_gemm_available
+from .runtime import RuntimeConfig
+from .tree import Tree, pack_bits
 
-__all__ = ["Target", "tree_attention_mask", "project"]
+__all__ = ["Target", "project", "pad_tree"]
 
 ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
@@ -38,24 +46,20 @@ def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.contiguous() if out.shape[0] > 1 else out
 
 
-def tree_attention_mask(ancestors: torch.Tensor, prefix_len: int, positions: torch.Tensor,
-                        window: int | None = None) -> torch.Tensor:
-    """Dense ``(1, 1, T, P + T)`` bool mask (True = attend) for a tree after a prefix.
-
-    Args:
-        ancestors: ``(T, T)`` bool ancestor mask (self included).
-        prefix_len: ``P``, the number of committed tokens in the KV cache.
-        positions: ``(T,)`` absolute positions of the tree nodes.
-        window: sliding-window size of the layer, if any: a query at position i sees keys at
-            positions in ``(i - window, i]`` only.
-    """
-    T = ancestors.shape[0]
-    dev = ancestors.device
-    mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=dev), ancestors], dim=1)  # (T, P+T)
-    if window is not None:
-        key_pos = torch.cat([torch.arange(prefix_len, device=dev), positions])  # (P+T,)
-        mask &= (positions[:, None] - key_pos[None, :]) < window
-    return mask[None, None]
+def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, size: int):
+    """Pad a tree of T nodes to ``size`` nodes (a bucket): padding nodes carry token 0 at depth 0
+    and see only themselves, and no real node sees them, so the real nodes' outputs are those of
+    the unpadded tree. Returns ``(tokens (size,), depth (size,), ancestors (size, size))``."""
+    T = tokens.shape[0]
+    if size == T:
+        return tokens, depth, ancestors
+    tok = tokens.new_zeros(size)
+    tok[:T] = tokens
+    dep = depth.new_zeros(size)
+    dep[:T] = depth
+    anc = torch.eye(size, dtype=torch.bool, device=ancestors.device)  # (size, size)
+    anc[:T, :T] = ancestors
+    return tok, dep, anc
 
 
 def register_tree_attention() -> str:
@@ -103,18 +107,53 @@ class TreeOutput:
     hidden: torch.Tensor  # (T, H) last hidden state after the final norm
 
 
+PACKED_MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
+_PACKERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its PackedLinear
+
+
+def _packer(model, buckets) -> PackedLinear:
+    """One :class:`PackedLinear` per model, shared by every Target on it (packed copies are made
+    once per weight and row count, however many decoders a bench builds)."""
+    rows = [b for b in buckets if b >= PACKED_MIN_ROWS]
+    mode = _PACKERS.get(model)
+    if mode is None:
+        mode = _PACKERS[model] = PackedLinear(rows)
+    else:
+        mode.row_counts = mode.row_counts | frozenset(rows)
+    return mode
+
+
+def _inductor_cache_dir() -> None:
+    """Compiled graphs go under ``$EAGLE_CACHE/inductor`` (unless the user chose another folder
+    than inductor's default), so a second process loads them from disk instead of compiling."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from .models import cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # inductor itself fills in its default on first use
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+
+
 class Target:
-    """A thin, stateless runner around a Hugging Face causal LM.
+    """A thin runner around a Hugging Face causal LM; the model itself is never modified.
 
     Args:
         model: an unmodified ``*ForCausalLM`` (Llama, Qwen2/3, Mistral, Gemma-3, ...).
         attention: ``"reference"`` (SDPA with a dense mask, any device), ``"triton"`` (the Triton
             tree kernel; needs CUDA or ``TRITON_INTERPRET=1``), or ``"auto"`` (triton on CUDA).
+        runtime: :class:`eagle.runtime.RuntimeConfig`: cache kind (``static`` slot cache with trees
+            padded to node-count buckets, or transformers' ``dynamic`` cache), precision (a cast
+            copy of the model is used when it differs from the model's), and compilation.
     """
 
-    def __init__(self, model, attention: str = "auto"):
+    def __init__(self, model, attention: str = "auto", runtime: RuntimeConfig | None = None):
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got '{attention}'")
+        self.runtime = runtime or RuntimeConfig()
+        self.runtime.validate()
+        if self.runtime.dtype and getattr(torch, self.runtime.dtype) != model.get_output_embeddings().weight.dtype:
+            model = copy.deepcopy(model).to(getattr(torch, self.runtime.dtype))  # the caller's model is untouched
         self.model = model
         self.config = model.config.get_text_config(decoder=True)
         self.base = model.get_decoder()
@@ -125,6 +164,16 @@ class Target:
         if self.use_kernel:
             model.set_attn_implementation(register_tree_attention())
         self.eager = model.config._attn_implementation == "eager"
+        self.static = self.runtime.cache == "static"
+        # compiled steps read the whole cache buffer (fixed shapes); the tree kernel takes
+        # [prefix | tree] keys, so a compiled step uses the SDPA path with the dense mask
+        self.compiled = self.runtime.compile and not self.use_kernel
+        self._steps: dict = {}  # bucket -> compiled step function
+        self.packed = None  # float32 CPU, eager static steps: MKL's packed GEMM for buckets >= 4 rows
+        if (self.static and self.runtime.packed_linear and not self.compiled and device.type == "cpu"
+                and self.lm_head.weight.dtype == torch.float32 and packed_gemm_available()):
+            self.packed = _packer(model, self.runtime.buckets)
+        self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
     # ---- shapes of the model ------------------------------------------------------------------
     @property
@@ -138,10 +187,16 @@ class Target:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
 
-    def new_cache(self) -> DynamicCache:
-        # No config: every layer keeps its full K/V, so the tree mask (not the cache) enforces
-        # sliding windows and compaction is a plain gather on every layer.
-        return DynamicCache()
+    def new_cache(self, capacity: int = 256):
+        """An empty cache: a :class:`eagle.kv.SlotCache` of ``capacity`` positions (static runtime;
+        it grows if a generation needs more, which changes compiled shapes) or a ``DynamicCache``.
+
+        The dynamic cache gets no config: every layer keeps its full K/V, so the tree mask (not the
+        cache) enforces sliding windows and compaction is a plain gather on every layer."""
+        if not self.static:
+            return DynamicCache()
+        # round up so generations of similar length share compiled shapes
+        return SlotCache(self.config.num_hidden_layers, -(-capacity // 256) * 256)
 
     # ---- forwards -----------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -154,29 +209,24 @@ class Target:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache, mask, **kwargs) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, **kwargs) -> torch.Tensor:
         out = self.base(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
                         cache=cache, use_cache=True, **kwargs)
         return out.last_hidden_state[0]  # (T, H)
 
-    @torch.no_grad()
-    def prefill(self, ids: torch.Tensor, cache: DynamicCache) -> TreeOutput:
-        """Causal forward over ``ids (N,)`` appended to ``cache``; logits of the last position only."""
-        start = cache.get_seq_length()
-        pos = torch.arange(start, start + len(ids), device=ids.device)
-        hidden = self._run(ids, pos, cache, None)  # (N, H)
-        return TreeOutput(self.logits(hidden[-1:]), hidden)
-
-    def _mask(self, tree: Tree, prefix_len: int, positions: torch.Tensor):
-        anc = tree.ancestor_mask()  # (T, T)
+    def _masks(self, allowed: torch.Tensor, q_pos: torch.Tensor, key_pos: torch.Tensor):
+        """The 4-D mask(s) of a forward: ``allowed (T, K)`` bool (True = attend) restricted to each
+        layer's sliding window by positions (``q_pos (T,)``, ``key_pos (K,)``); one mask, or one per
+        layer type for models that mix full and sliding layers (Gemma-3)."""
         layer_types = getattr(self.config, "layer_types", None)
         window = getattr(self.config, "sliding_window", None)
+        dtype = self.lm_head.weight.dtype
 
         def build(w):
-            m = tree_attention_mask(anc, prefix_len, positions, w)
+            m = allowed if w is None else allowed & ((q_pos[:, None] - key_pos[None, :]) < w)
+            m = m[None, None]  # (1, 1, T, K)
             if self.eager:  # eager attention adds the mask to the scores
-                m = torch.zeros(m.shape, dtype=self.lm_head.weight.dtype, device=m.device).masked_fill(
-                    ~m, torch.finfo(self.lm_head.weight.dtype).min)
+                m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
             return m
 
         if layer_types and "sliding_attention" in layer_types:
@@ -186,23 +236,100 @@ class Target:
         return build(None)
 
     @torch.no_grad()
-    def tree_forward(self, tree: Tree, cache: DynamicCache) -> TreeOutput:
-        """ONE forward over all T tree nodes after the cached prefix; appends T entries to the cache.
+    def prefill(self, ids: torch.Tensor, cache) -> TreeOutput:
+        """Causal forward over ``ids (N,)`` appended to ``cache``; logits of the last position only."""
+        if not isinstance(cache, SlotCache):
+            start = cache.get_seq_length()
+            pos = torch.arange(start, start + len(ids), device=ids.device)
+            hidden = self._run(ids, pos, cache, None)  # (N, H)
+            return TreeOutput(self.logits(hidden[-1:]), hidden)
+        start, N = cache.length, len(ids)
+        cache.reserve(start + N)
+        pos = torch.arange(start, start + N, device=ids.device)  # (N,)
+        key_pos = torch.arange(start + N, device=ids.device)  # (P + N,)
+        allowed = key_pos[None, :] <= pos[:, None]  # (N, P + N) causal
+        hidden = self._run(ids, pos, cache, self._masks(allowed, pos, key_pos), cache_slots=pos,
+                           cache_kv_len=start + N)
+        cache.advance(N)
+        return TreeOutput(self.logits(hidden[-1:]), hidden)
+
+    @torch.no_grad()
+    def tree_forward(self, tree: Tree, cache) -> TreeOutput:
+        """ONE forward over all T tree nodes after the cached prefix.
 
         Node i is placed at position ``prefix_len + depth[i]`` and attends to the whole prefix plus
         its own ancestors (and itself), which makes its output identical to a plain causal forward
-        over ``prefix + path_to(i)``.
+        over ``prefix + path_to(i)``. A ``DynamicCache`` gets T entries appended; a
+        :class:`~eagle.kv.SlotCache` gets them written at slots ``prefix_len + i`` (its committed
+        length does not move until :meth:`commit`), with the tree padded to its bucket.
         """
+        if isinstance(cache, SlotCache):
+            return self._tree_forward_static(tree, cache)
         prefix_len = cache.get_seq_length()
         tokens = tree.tokens.to(self.device)
         positions = tree.positions(prefix_len).to(self.device)  # (T,)
         extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
-        hidden = self._run(tokens, positions, cache, self._mask(tree, prefix_len, positions), **extra)
+        anc = tree.ancestor_mask().to(self.device)  # (T, T)
+        allowed = torch.cat([torch.ones(len(tree), prefix_len, dtype=torch.bool, device=self.device), anc], dim=1)
+        key_pos = torch.cat([torch.arange(prefix_len, device=self.device), positions])
+        hidden = self._run(tokens, positions, cache, self._masks(allowed, positions, key_pos), **extra)
         return TreeOutput(self.logits(hidden), hidden)
 
+    def _tree_forward_static(self, tree: Tree, cache: SlotCache) -> TreeOutput:
+        P, T, dev = cache.length, len(tree), self.device
+        size = self.runtime.bucket(T)
+        tokens, depth, anc = pad_tree(tree.tokens.to(dev), tree.depth.to(dev), tree.ancestor_mask().to(dev), size)
+        positions = P + depth  # (Tb,)
+        slots = torch.arange(P, P + size, device=dev)  # (Tb,) node i -> slot P + i
+        cache.reserve(P + size)
+        if self.compiled:  # fixed shapes: attend over the whole buffer, the mask hides empty slots
+            C = cache.capacity
+            col = torch.arange(C, device=dev)  # (C,)
+            rel = (col - P).clamp(0, size - 1)
+            in_tree = (col >= P) & (col < P + size)
+            allowed = (col < P)[None, :] | (in_tree[None, :] & anc[:, rel])  # (Tb, C)
+            key_pos = torch.where(col < P, col, P + depth[rel])  # (C,)
+            hidden = self._compiled_step(size)(tokens, positions, self._masks(allowed, positions, key_pos), slots, cache)
+        else:
+            allowed = torch.cat([torch.ones(size, P, dtype=torch.bool, device=dev), anc], dim=1)  # (Tb, P + Tb)
+            key_pos = torch.cat([torch.arange(P, device=dev), positions])
+            extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
+            packed = self.packed is not None and size in self.packed.row_counts
+            with self.packed if packed else nullcontext():
+                hidden = self._run(tokens, positions, cache, self._masks(allowed, positions, key_pos),
+                                   cache_slots=slots, cache_kv_len=P + size, **extra)
+        cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
+        hidden = hidden[:T]  # (T, H) the padding rows are dropped
+        return TreeOutput(self.logits(hidden), hidden)
+
+    def _compiled_step(self, size: int):
+        """The compiled forward of a ``size``-node step (compiled on its first call, then reused;
+        the first call's time is recorded in ``compile_s``)."""
+        if size in self._steps:
+            return self._steps[size]
+        _inductor_cache_dir()
+        mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPU
+
+        def step(tokens, positions, masks, slots, cache):
+            return self._run(tokens, positions, cache, masks, cache_slots=slots)
+
+        compiled = torch.compile(step, dynamic=False, mode=mode)
+
+        def first_call(*args):
+            t0 = time.perf_counter()
+            out = compiled(*args)
+            self.compile_s[size] = time.perf_counter() - t0
+            self._steps[size] = compiled
+            return out
+
+        return first_call
+
     @staticmethod
-    def commit(cache: DynamicCache, prefix_len: int, keep: list[int]) -> None:
+    def commit(cache, prefix_len: int, keep: list[int]) -> None:
         """Keep the prefix plus tree nodes ``keep`` (in order) in every layer; drop other nodes."""
+        if isinstance(cache, SlotCache):
+            cache.commit(prefix_len, keep)
+            return
         n = prefix_len + len(keep)
         contiguous = keep == list(range(len(keep)))
         idx = None
@@ -219,6 +346,9 @@ class Target:
                 layer.values = layer.values.index_select(-2, idx)
 
     @staticmethod
-    def crop(cache: DynamicCache, length: int) -> None:
+    def crop(cache, length: int) -> None:
         """Drop every cache entry at or after ``length``."""
+        if isinstance(cache, SlotCache):
+            cache.crop(length)
+            return
         Target.commit(cache, length, [])

@@ -10,11 +10,30 @@ Everything else (depth, positions, the ancestor mask, root-to-leaf paths) is der
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
 
-__all__ = ["Tree", "choices_to_parents", "chain_choices", "pack_bits"]
+__all__ = ["Tree", "choices_to_parents", "chain_choices", "pack_bits", "ancestors_from_parents"]
+
+
+def ancestors_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """``(T, T)`` bool ancestor table (self included) of ``parents (T,)`` as tensor ops.
+
+    Starts from "self or parent" and squares the relation ``ceil(log2 T)`` times (path doubling):
+    after k squarings every ancestor up to distance 2^k is reached. No Python loop over nodes, so
+    it runs on the parents' device; a few (T, T) products for the trees of a decoding step.
+    """
+    T = parents.shape[0]
+    idx = torch.arange(T, device=parents.device)
+    step = torch.zeros(T, T, dtype=torch.float32, device=parents.device)  # (T, T) self or parent
+    step[idx, idx] = 1.0
+    has_parent = parents >= 0
+    step[idx[has_parent], parents[has_parent]] = 1.0
+    for _ in range(max(T - 1, 1).bit_length()):
+        step = ((step @ step) > 0).float()  # reach doubles each round
+    return step > 0
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -129,27 +148,23 @@ class Tree:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    @property
+    @cached_property
     def depth(self) -> torch.Tensor:
-        """``(T,)`` int64 distance from the root (root = 0)."""
-        par = self.parents.tolist()
-        d = [0] * len(par)
-        for i in range(1, len(par)):
-            d[i] = d[par[i]] + 1
-        return torch.tensor(d, dtype=torch.long, device=self.tokens.device)
+        """``(T,)`` int64 distance from the root (root = 0): ancestors (self included) minus one."""
+        return self.ancestor_mask().sum(dim=1) - 1
 
     def positions(self, prefix_len: int) -> torch.Tensor:
         """``(T,)`` absolute position ids: a node sits right after its ancestors."""
         return self.depth + prefix_len
 
+    @cached_property
+    def _ancestors(self) -> torch.Tensor:
+        return ancestors_from_parents(self.parents)
+
     def ancestor_mask(self) -> torch.Tensor:
-        """``(T, T)`` bool; ``[i, j]`` is true iff node j is node i or one of its ancestors."""
-        T = len(self)
-        anc = torch.eye(T, dtype=torch.bool, device=self.tokens.device)
-        par = self.parents.tolist()
-        for i in range(1, T):  # parents come first, so anc[par[i]] is already complete
-            anc[i] |= anc[par[i]]
-        return anc
+        """``(T, T)`` bool; ``[i, j]`` is true iff node j is node i or one of its ancestors.
+        Built once per tree with tensor ops (see :func:`ancestors_from_parents`) and cached."""
+        return self._ancestors
 
     def packed_mask(self) -> torch.Tensor:
         """``(T, ceil(T/32))`` int32 bit-packed ancestor mask (see :func:`pack_bits`)."""

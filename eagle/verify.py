@@ -24,7 +24,7 @@ import torch
 
 from .tree import Tree
 
-__all__ = ["probs_from_logits", "greedy_verify", "sample_verify", "verify"]
+__all__ = ["probs_from_logits", "greedy_verify", "greedy_verify_reference", "sample_verify", "verify"]
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -51,12 +51,37 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
 def greedy_verify(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     """Longest path whose tokens equal the target argmax of their parent, plus the bonus token.
 
+    Tensor ops with one host transfer: a node is accepted iff every node on its root path matches
+    its parent's argmax (the ancestor table turns "every ancestor" into one reduction), and a
+    matching node only counts if no earlier sibling carries the same token (the walk of
+    :func:`greedy_verify_reference` takes the first such child). The accepted nodes form one
+    root path; the deepest one gives the bonus token.
+
     Args:
         tree: the candidate tree (T nodes).
         logits: ``(T, V)`` target logits; row i is the next-token prediction after node i.
     Returns:
         ``(path, bonus)``: node indices from the root, and the target's argmax after the last one.
     """
+    dev = logits.device
+    best = logits.argmax(dim=-1)  # (T,)
+    tokens, parents = tree.tokens.to(dev), tree.parents.to(dev)
+    anc = tree.ancestor_mask().to(dev)  # (T, T)
+    T = tokens.shape[0]
+    idx = torch.arange(T, device=dev)
+    match = tokens == best[parents.clamp(min=0)]  # (T,) node's token is its parent's argmax
+    # an earlier sibling with the same token shadows this node
+    same = (parents[:, None] == parents[None, :]) & (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])
+    ok = (match & ~same.any(dim=1)) | (idx == 0)  # (T,) the root is always on the path
+    accepted = ~(anc & ~ok[None, :]).any(dim=1)  # (T,) every node on the root path is ok
+    path = idx[accepted]  # increasing index = increasing depth (parents come first)
+    out = torch.cat([path, best[path[-1:]]]).tolist()  # the one host transfer
+    return out[:-1], out[-1]
+
+
+def greedy_verify_reference(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """The plain walk: from the root, repeatedly take the first child whose token equals the
+    target's argmax at the current node (the slow, obviously-correct twin of :func:`greedy_verify`)."""
     best = logits.argmax(dim=-1).tolist()  # (T,)
     tokens = tree.tokens.tolist()
     children = tree.children()

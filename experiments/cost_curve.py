@@ -1,9 +1,14 @@
-"""Cost of one target verification forward vs tree size, after a fixed prefix.
+"""Cost of one target verification forward vs tree size, after a fixed prefix, per runtime path.
 
 On a CPU the tree is not free: this curve is what the tree budget of eagle2-cpu is chosen from.
-For each tree size T it times ``Target.tree_forward`` over a random tree of T nodes after a
-``--prefix``-token prompt (median of ``--repeats``), relative to T = 1 (plain decoding), and writes
-a table (markdown + CSV) and a plot.
+For each runtime path (``--paths``: ``dynamic`` = transformers' DynamicCache, ``static`` = the
+preallocated slot cache with trees padded to buckets, ``static-bf16``, ``static-compiled``, ...)
+and each tree size T it times ``Target.tree_forward`` over a random tree of T nodes after a
+``--prefix``-token prompt (median of ``--repeats``, sizes interleaved round by round so a slow
+spell of the machine hits every size alike), relative to T = 1 on the same path. It also measures
+the machine's memory read bandwidth in the same run and reports each forward as a share of the
+memory-bound floor (the target's weight bytes read once per step / bandwidth). Writes a table
+(markdown + CSV) and a plot.
 
     python experiments/cost_curve.py --out-dir experiments/results
 """
@@ -26,30 +31,67 @@ def random_tree(T: int, vocab: int, gen: torch.Generator):
     return Tree.from_lists(tokens, parents)
 
 
-def measure(target, prefix: int, sizes: list[int], repeats: int) -> list[dict]:
+def read_bandwidth_gbs(mbytes: int = 512, repeats: int = 7) -> float:
+    """Memory read bandwidth (GB/s): median time of summing a ``mbytes`` float32 tensor, far larger
+    than the caches, on all intra-op threads."""
+    x = torch.ones(mbytes * (1 << 20) // 4)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t0)
+    return x.numel() * 4 / statistics.median(times) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decoding step reads: every parameter once (a tied embedding / LM head
+    counts once: the LM head reads all of it, the embedding only a few rows)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def parse_path(name: str):
+    """``static``, ``dynamic``, ``static-bf16``, ``static-compiled``, ``static-bf16-compiled``, ..."""
+    from eagle.runtime import RuntimeConfig
+
+    parts = name.split("-")
+    if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled"}:
+        raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled)")
+    dtype = "bfloat16" if "bf16" in parts else "float16" if "fp16" in parts else ""
+    return RuntimeConfig(cache=parts[0], dtype=dtype, compile="compiled" in parts)
+
+
+def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[dict], float]:
+    """Median ms per size (sizes interleaved); returns the rows and the seconds of first calls."""
     from eagle.target import Target
 
     gen = torch.Generator().manual_seed(0)
     vocab = target.lm_head.weight.shape[0]
     ids = torch.randint(0, vocab, (prefix,), generator=gen)
-    cache = target.new_cache()
+    cache = target.new_cache(prefix + max(sizes))
     target.prefill(ids, cache)
-    rows = []
-    for T in sizes:
-        times = []
-        for r in range(repeats + 1):
+    times: dict[int, list[float]] = {T: [] for T in sizes}
+    t_first = time.perf_counter()
+    for r in range(repeats + 1):
+        for T in sizes:
             tree = random_tree(T, vocab, gen)
             t0 = time.perf_counter()
             target.tree_forward(tree, cache)
             dt = time.perf_counter() - t0
             Target.crop(cache, prefix)
-            if r:  # the first call of each size is a warm-up
-                times.append(dt)
-        rows.append({"tree_tokens": T, "forward_ms": 1000 * statistics.median(times)})
-    base = rows[0]["forward_ms"]
+            if r:  # round 0 is a warm-up (and compiles, on a compiled path)
+                times[T].append(dt)
+        if r == 0:
+            t_first = time.perf_counter() - t_first
+    rows = [{"tree_tokens": T, "forward_ms": 1000 * statistics.median(times[T])} for T in sizes]
     for r in rows:
-        r["relative_to_1"] = r["forward_ms"] / base
-    return rows
+        r["relative_to_1"] = r["forward_ms"] / rows[0]["forward_ms"]
+    return rows, t_first
 
 
 def main(argv=None) -> int:
@@ -57,40 +99,59 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--prefix", type=int, default=300)
     ap.add_argument("--sizes", default="1,2,4,8,12,16,24,32,48,64")
+    ap.add_argument("--paths", default="dynamic,static", help="comma-separated runtime paths (see parse_path)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out-dir", default="experiments/results")
+    ap.add_argument("--name", default="cost_curve", help="output file stem")
     args = ap.parse_args(argv)
     import eagle
 
-    model, _ = eagle.load_target(args.target)
-    target = eagle.Target(model, "reference")
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = measure(target, args.prefix, sizes, args.repeats)
+    paths = args.paths.split(",")
+    runtimes = [parse_path(p) for p in paths]
+    model, _ = eagle.load_target(args.target)
+    bw = read_bandwidth_gbs()
+    rows = []
+    for name, rt in zip(paths, runtimes):
+        target = eagle.Target(model, "reference", rt)
+        floor_ms = weight_bytes(target.model) / (bw * 1e9) * 1000
+        res, first_s = measure(target, args.prefix, sizes, args.repeats)
+        for r in res:
+            rows.append({"path": name, **r, "floor_ms": floor_ms, "share_of_floor": floor_ms / r["forward_ms"]})
+        print(f"{name}: warm-up round {first_s:.1f} s", flush=True)
+        del target
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "cost_curve.csv", "w", newline="") as f:
+    with open(out / f"{args.name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     lines = [f"Target forward time vs tree size ({args.target}, prefix {args.prefix} tokens, "
-             f"{torch.get_num_threads()} threads, median of {args.repeats})", "",
-             "| tree tokens | forward ms | relative to 1 token |", "|---:|---:|---:|"]
-    lines += [f"| {r['tree_tokens']} | {r['forward_ms']:.1f} | {r['relative_to_1']:.2f} |" for r in rows]
-    (out / "cost_curve.md").write_text("\n".join(lines) + "\n")
+             f"{torch.get_num_threads()} threads, median of {args.repeats}, sizes interleaved); "
+             f"read bandwidth {bw:.1f} GB/s measured in the same run", "",
+             "| path | tree tokens | forward ms | relative to 1 token | floor ms | share of floor |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['path']} | {r['tree_tokens']} | {r['forward_ms']:.1f} | {r['relative_to_1']:.2f} | "
+              f"{r['floor_ms']:.1f} | {100 * r['share_of_floor']:.0f}% |" for r in rows]
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([r["tree_tokens"] for r in rows], [r["forward_ms"] for r in rows], marker="o")
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for name in paths:
+        pr = [r for r in rows if r["path"] == name]
+        ax.plot([r["tree_tokens"] for r in pr], [r["forward_ms"] for r in pr], marker="o", label=name)
+        ax.axhline(pr[0]["floor_ms"], ls=":", color=ax.lines[-1].get_color(), lw=1)
     ax.set_xlabel("tree tokens verified in one forward")
     ax.set_ylabel("forward time (ms)")
-    ax.set_title(f"{args.target}: verify cost vs tree size")
+    ax.set_title(f"{args.target}: verify cost vs tree size (dotted: floor)")
     ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "cost_curve.png", dpi=110)
+    fig.savefig(out / f"{args.name}.png", dpi=110)
     return 0
 
 

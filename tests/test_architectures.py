@@ -9,6 +9,8 @@ import torch
 import eagle.target
 from eagle import Target, TreeDecoder
 from eagle.draft import NoDrafter, SelfDrafter, TreeShape
+from eagle.kv import SlotCache
+from eagle.runtime import RuntimeConfig
 from eagle.tree import Tree
 
 from conftest import ARCHS, GEMMA_WINDOW, MISTRAL_WINDOW, TINY_VOCAB, RandomTreeDrafter, random_parents
@@ -46,15 +48,27 @@ def arch_seed(arch: str) -> int:
     return ARCHS.index(arch) + 1
 
 
+CACHES = ("static", "dynamic")
+
+
+def committed_kv(cache, layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The committed keys/values of one layer: a SlotCache's first ``length`` slots, or all of a
+    DynamicCache's entries."""
+    if isinstance(cache, SlotCache):
+        return layer.keys[..., : cache.length, :], layer.values[..., : cache.length, :]
+    return layer.keys, layer.values
+
+
 # ------------------------------------------------------------------------------------------------
 # (a) one tree forward == a causal forward per node
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("cache_kind", CACHES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tree_forward_matches_causal_forward(arch, tiny_model):
+def test_tree_forward_matches_causal_forward(arch, cache_kind, tiny_model):
     model = tiny_model(arch)
-    target = Target(model, "reference")
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
     gen = torch.Generator().manual_seed(arch_seed(arch))
     prefix = torch.randint(0, V, (PREFIX,), generator=gen)
     for tree in (deep_random_tree(gen), Tree.from_lists(*_wide_tree(gen))):
@@ -83,9 +97,7 @@ def test_sliding_window_is_exercised(arch, tiny_model, monkeypatch):
     tree = deep_random_tree(gen)
     ref = reference_tree_logits(model, prefix, tree)
 
-    real = eagle.target.tree_attention_mask
-    monkeypatch.setattr(eagle.target, "tree_attention_mask",
-                        lambda anc, prefix_len, positions, window=None: real(anc, prefix_len, positions, None))
+    monkeypatch.setattr(target.config, "sliding_window", None)  # the masks forget the window
     cache = target.new_cache()
     target.prefill(prefix, cache)
     wrong = target.tree_forward(tree, cache).logits
@@ -110,12 +122,14 @@ def test_tree_forward_first_token_no_prefix_window(tiny_model):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("cache_kind", CACHES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_commit_then_next_tree_forward(arch, tiny_model):
+def test_commit_then_next_tree_forward(arch, cache_kind, tiny_model):
     """Three decoding-like rounds: tree forward, commit a (non-contiguous) root-to-node path, and
-    the next tree forward equals a fresh causal forward over everything committed so far."""
+    the next tree forward equals a fresh causal forward over everything committed so far. For the
+    static cache this is the in-place accept (slots copied down) against recomputation."""
     model = tiny_model(arch)
-    target = Target(model, "reference")
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
     gen = torch.Generator().manual_seed(10 + arch_seed(arch))
     context = torch.randint(0, V, (PREFIX,), generator=gen)
     cache = target.new_cache()
@@ -136,15 +150,16 @@ def test_commit_then_next_tree_forward(arch, tiny_model):
         Target.commit(cache, P, path)
         assert cache.get_seq_length() == P + len(path)
         for layer in cache.layers:
-            assert layer.keys.shape[-2] == P + len(path) and layer.values.shape[-2] == P + len(path)
+            k, v = committed_kv(cache, layer)
+            assert k.shape[-2] == P + len(path) and v.shape[-2] == P + len(path)
         context = torch.cat([context, tree.tokens[path]])
         tree = deep_random_tree(gen, chain=4, extra=10, root=int(torch.randint(0, V, (), generator=gen)))
     # and the compacted cache equals a freshly prefilled one, entry for entry
     fresh = target.new_cache()
     target.prefill(context, fresh)
     for a, b in zip(cache.layers, fresh.layers):
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=0)
-        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=0)
+        for x, y in zip(committed_kv(cache, a), committed_kv(fresh, b)):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,11 +197,12 @@ def make_drafter(kind: str, target: Target, seed: int):
     return RandomTreeDrafter(V, seed=seed)
 
 
+@pytest.mark.parametrize("cache_kind", CACHES)
 @pytest.mark.parametrize("kind", DRAFTERS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_decoder_matches_generate(arch, kind, tiny_model):
+def test_greedy_decoder_matches_generate(arch, kind, cache_kind, tiny_model):
     model = tiny_model(arch)
-    target = Target(model, "reference")
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
     for n_prompt in PROMPT_LENGTHS:
         gen = torch.Generator().manual_seed(1000 * arch_seed(arch) + n_prompt)
         prompt = torch.randint(0, V, (n_prompt,), generator=gen)
@@ -220,10 +236,11 @@ def test_greedy_decoder_matches_generate(arch, kind, tiny_model):
 VARIANTS = [("gemma3-softcap", "sdpa"), ("qwen2-sliding", "sdpa"), ("llama", "eager"), ("gemma3", "eager")]
 
 
+@pytest.mark.parametrize("cache_kind", CACHES)
 @pytest.mark.parametrize("arch, attn", VARIANTS, ids=[f"{a}-{b}" for a, b in VARIANTS])
-def test_variants_tree_forward_and_greedy(arch, attn, tiny_model):
+def test_variants_tree_forward_and_greedy(arch, attn, cache_kind, tiny_model):
     model = tiny_model(arch, attn=attn)
-    target = Target(model, "reference")
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
     assert target.eager == (attn == "eager")
     gen = torch.Generator().manual_seed(77)
     prefix = torch.randint(0, V, (PREFIX,), generator=gen)

@@ -380,10 +380,12 @@ def check_head_cache(dr: EagleDrafter) -> None:
         assert torch.equal(torch.cat(dr.ext_x), nxt)
         fresh = DynamicCache()
         dr.ref_head(feats, dr.target.embed(nxt)[None], torch.arange(n)[None], causal(1, n), cache=fresh)
-    got, want = dr.cache.layers[0], fresh.layers[0]
-    assert got.keys.shape == want.keys.shape and got.keys.dtype == dr.dtype
-    torch.testing.assert_close(got.keys.float(), want.keys, atol=dr.tol, rtol=dr.tol)
-    torch.testing.assert_close(got.values.float(), want.values, atol=dr.tol, rtol=dr.tol)
+    # the head's slot cache: its first n slots are the committed pairs (drafted slots lie beyond)
+    layer, want = dr.cache.layers[0], fresh.layers[0]
+    got_k, got_v = layer.keys[..., :n, :], layer.values[..., :n, :]
+    assert got_k.shape == want.keys.shape and got_k.dtype == dr.dtype
+    torch.testing.assert_close(got_k.float(), want.keys, atol=dr.tol, rtol=dr.tol)
+    torch.testing.assert_close(got_v.float(), want.values, atol=dr.tol, rtol=dr.tol)
     dr.checked += 1
 
 

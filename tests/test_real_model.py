@@ -70,11 +70,12 @@ def expected(smol, prompts):
     return refs
 
 
-@pytest.mark.parametrize("config", ["plain", "self-draft", "ngram"])
+@pytest.mark.parametrize("config", ["plain", "plain-dynamic-cache", "self-draft", "ngram"])
 def test_greedy_matches_generate(config, smol, prompts, expected):
-    model, _, target = smol
+    model, _, _ = smol
     cfg = load_config(CONFIGS / f"{config}.yaml")
-    dec = TreeDecoder.from_config(target, cfg)
+    dec = TreeDecoder.from_config(model, cfg)  # the config's runtime (cache kind, buckets) applies
+    assert dec.target.runtime.cache == ("dynamic" if config == "plain-dynamic-cache" else "static")
     total_fw = total_new = 0
     for ids, ref in zip(prompts, expected):
         out = dec.generate(ids, max_new_tokens=N_NEW)
@@ -83,7 +84,7 @@ def test_greedy_matches_generate(config, smol, prompts, expected):
         assert sum(st.accepted_hist) == st.target_forwards
         total_fw += st.target_forwards
         total_new += st.new_tokens - 1
-        if config == "plain":
+        if config.startswith("plain"):  # the static slot cache (default) and the DynamicCache path
             assert st.target_forwards == len(ref) - 1
         if config == "self-draft":  # the oracle's chain of K = 4 is (up to fp near-ties) always accepted
             K = cfg.tree.depth

@@ -1,9 +1,11 @@
 """Drafting with the EAGLE head: level by level, all frontier nodes of a level in one head forward.
 
-The head keeps its own KV cache of committed pairs ``(f_i, x_{i+1})`` (true target features). While
-drafting, tree nodes append their entries after the committed ones and attend to the committed
-prefix plus their own ancestors; afterwards the cache is cropped back to the committed part, and the
-next ``propose`` appends the newly accepted pairs (recomputed from the target's true features).
+The head keeps its own KV cache of committed pairs ``(f_i, x_{i+1})`` (true target features): a
+preallocated :class:`eagle.kv.SlotCache`, like the target's. While drafting, tree nodes write their
+entries at the slots after the committed ones (in the order they are run) and attend to the
+committed prefix plus their own ancestors; the committed length never moves, so the next
+``propose`` simply overwrites them with the newly accepted pairs (recomputed from the target's true
+features).
 
 ``dtype`` runs the head's fc + layer and the draft LM head in another precision than the target
 (e.g. bfloat16: half the weight bytes per level, and native bf16 matmuls on CPUs with AVX512-BF16).
@@ -15,9 +17,9 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import DynamicCache
 
 from ..head import DraftHead
+from ..kv import SlotCache
 from ..target import Target, project
 from ..tree import Tree
 from .base import Drafter, Sampling
@@ -47,7 +49,7 @@ class EagleDrafter(Drafter):
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
-        self.cache = DynamicCache()
+        self.cache = SlotCache(1, 256)  # grows (rarely) when a generation needs more room
         self.pending_f: list[torch.Tensor] = []
         self.pending_x: list[torch.Tensor] = []
 
@@ -60,10 +62,15 @@ class EagleDrafter(Drafter):
     def _forward(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                  tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``feats (n, H)``, ``toks (n,)``, ``pos (n,)``, ``mask (n, S)`` -> predicted features ``(n, H)``.
-        ``tree_mask``: the tree part of ``mask`` (its last columns), for the tree-attention kernel."""
+        The n new entries go to cache slots ``S - n .. S``. ``tree_mask``: the tree part of ``mask``
+        (its last columns), for the tree-attention kernel."""
+        n, S = mask.shape
+        self.cache.reserve(S)
+        slots = torch.arange(S - n, S, device=toks.device)  # (n,)
         emb = self.target.embed(toks)[None].to(self.dtype)  # (1, n, H)
         extra = {"tree_mask": tree_mask} if tree_mask is not None and self.target.use_kernel else {}
-        out = self.head(feats[None].to(self.dtype), emb, pos[None], mask[None, None], cache=self.cache, **extra)
+        out = self.head(feats[None].to(self.dtype), emb, pos[None], mask[None, None], cache=self.cache,
+                        cache_slots=slots, cache_kv_len=S, **extra)
         return out[0]
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
@@ -75,16 +82,18 @@ class EagleDrafter(Drafter):
         feats = torch.cat(self.pending_f)  # (m, H)
         toks = torch.cat(self.pending_x)  # (m,)
         self.pending_f, self.pending_x = [], []
-        c = self.cache.get_seq_length()
+        c = self.cache.length
         pos = torch.arange(c, c + len(toks), device=toks.device)
         causal = torch.ones(len(toks), len(toks), dtype=torch.bool, device=toks.device).tril()
         mask = torch.cat([torch.ones(len(toks), c, dtype=torch.bool, device=toks.device), causal], dim=1)
-        return self._forward(feats, toks, pos, mask)[-1]
+        out = self._forward(feats, toks, pos, mask)[-1]
+        self.cache.advance(len(toks))
+        return out
 
     @torch.no_grad()
     def propose(self, root: int, sampling: Sampling) -> Tree:
-        committed = self.cache.get_seq_length() + sum(len(x) for x in self.pending_x)
-        root_feat = self.catch_up()  # predicted feature at the root's position
+        root_feat = self.catch_up()
+        committed = self.cache.length  # predicted feature at the root's position
         dev = root_feat.device
         # Drafted nodes get cache slots in the order they are run. Per slot: its row in `feats`
         # (row 0 = the root's feature, row 1 + s = the feature predicted after slot s), its depth,
@@ -120,6 +129,5 @@ class EagleDrafter(Drafter):
                 feats = torch.cat([feats, out])
             return self._logits(feats[torch.tensor([row(n) for n in nodes], device=dev)])
 
-        tree = self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)
-        Target.crop(self.cache, committed)
-        return tree
+        # the drafted slots stay beyond the committed length: the next catch-up overwrites them
+        return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)

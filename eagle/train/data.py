@@ -20,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ..packed import PackedLinear, packed_gemm_available
 from ..prompts import encode_chat
 
 __all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
@@ -75,6 +76,18 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / "manifest.json")
 
 
+def _packed_decode(model, batch: int):
+    """Every decoding step of a batch of B sequences multiplies B rows by each weight: on a float32
+    CPU model run those products through MKL's packed GEMM (eagle/packed.py; same results, 1.5-3x
+    faster for 8-64 rows on the 2-core CPUs measured). Anything else runs as usual."""
+    from contextlib import nullcontext
+
+    w = model.get_output_embeddings().weight
+    if batch < 4 or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available():
+        return nullcontext()
+    return PackedLinear([batch])
+
+
 @torch.no_grad()
 def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
                     eos: int, pad: int, store_hidden: bool = True):
@@ -87,8 +100,9 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
         ids[i, L - len(e):] = e
         att[i, L - len(e):] = 1
     kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
-    out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                         output_hidden_states=store_hidden, return_dict_in_generate=True, **kw)
+    with _packed_decode(model, len(enc)):
+        out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                             pad_token_id=pad, output_hidden_states=store_hidden, return_dict_in_generate=True, **kw)
     seqs = out.sequences  # (B, L + G)
     if store_hidden:
         # hidden_states[step][layer]: step 0 covers the prompt (B, L, H); later steps one token each

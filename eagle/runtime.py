@@ -1,0 +1,55 @@
+"""How the target's forward runs: cache kind, node-count buckets, precision, compilation.
+
+The ``runtime:`` section of a decoding config::
+
+    runtime:
+      cache: static        # static: preallocated KV written by slot | dynamic: transformers' DynamicCache
+      buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes)
+      dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
+      compile: false       # torch.compile each bucket's step (inductor on CPU, CUDA graphs on GPU)
+      packed_linear: true  # CPU float32: buckets of >= 4 nodes use MKL's packed GEMM (eagle/packed.py)
+
+Defaults were chosen by measurement on the 2-core CPUs this project is developed on
+(docs/results.md, "The fast target path"): compiling costs ~90-110 s per bucket there and saves
+~25% of a step, so it is opt-in on the CPU; the packed GEMM makes 8-64-node trees 1.2-1.4x
+cheaper with no start-up cost, so it is on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RuntimeConfig", "CACHES", "DEFAULT_BUCKETS"]
+
+CACHES = ("static", "dynamic")
+RUNTIME_DTYPES = ("", "float32", "bfloat16", "float16")
+DEFAULT_BUCKETS = [1, 4, 8, 16, 32, 64]
+
+
+@dataclass
+class RuntimeConfig:
+    """See the module docstring. ``buckets`` must be increasing positive sizes; a tree larger than
+    the last bucket runs at its own size (one more shape)."""
+
+    cache: str = "static"
+    buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))
+    dtype: str = ""
+    compile: bool = False
+    packed_linear: bool = True
+
+    def validate(self) -> None:
+        if self.cache not in CACHES:
+            raise ValueError(f"runtime.cache must be one of {CACHES}, got '{self.cache}'")
+        if self.dtype not in RUNTIME_DTYPES:
+            raise ValueError(f"runtime.dtype must be one of {RUNTIME_DTYPES[1:]} (or empty for the model's), "
+                             f"got '{self.dtype}'")
+        if not self.buckets or any(b < 1 for b in self.buckets) or self.buckets != sorted(set(self.buckets)):
+            raise ValueError(f"runtime.buckets must be increasing positive node counts, got {self.buckets}")
+        if self.compile and self.cache != "static":
+            raise ValueError("runtime.compile needs runtime.cache: static (fixed shapes)")
+
+    def bucket(self, n: int) -> int:
+        """The padded node count of a tree of ``n`` nodes (``n`` itself beyond the last bucket)."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return n
