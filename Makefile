@@ -30,7 +30,8 @@ bench: setup
 	$(BIN)/eagle bench --prompts experiments/prompts/chat-small.jsonl --max-new-tokens 128 \
 		--config experiments/configs/eagle2-cpu.yaml --config experiments/configs/eagle2-dynamic.yaml \
 		--config experiments/configs/eagle1-static.yaml --config experiments/configs/ngram.yaml \
-		--config experiments/configs/chain-draft-model.yaml \
+		--config experiments/configs/chain-draft-model.yaml --config experiments/configs/plain-dynamic-cache.yaml \
+		--config experiments/configs/plain-bf16.yaml --config experiments/configs/eagle2-cpu-bf16.yaml \
 		--json experiments/results/bench-smollm2.json
 
 # the head: self-distilled data + training + export (~1 h 50 min on 2 cores: ~58 min data, ~50 min training)

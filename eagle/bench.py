@@ -113,15 +113,42 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
                 run.tokens.append(out.tokens)
                 run.stats.merge(out.stats)
             bar.update(1)
-        _summarize(result, runs, configs, model, encoded, temperature, margins)
+        _summarize(result, runs, configs, {cfg.name: dec.target.model for cfg, dec in zip(configs, decoders)} | {"": model},
+                   encoded, temperature, margins)
         if on_update:
             on_update(result)
     bar.close()
     return result
 
 
-def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, margins: dict) -> None:
-    """Fill ``result`` from the runs so far (every method has run on the same prompts)."""
+def _mismatches(tokens, reference, margin_model, encoded, margins: dict, key) -> list[dict]:
+    """Where each output leaves ``reference``: the position and ``margin_model``'s top-1 minus
+    top-2 logit there (computed once per (key, prompt))."""
+    diffs = []
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        j = _first_diff(a, b)
+        if j is not None:
+            if (key, i) not in margins:
+                margins[key, i] = _margin(margin_model, encoded[i], b[:j])
+            diffs.append({"prompt": i, "position": j, "logit_margin": margins[key, i]})
+    return diffs
+
+
+def _plain_twins(configs) -> dict[str, str]:
+    """dtype -> the first plain (drafter none) config of the bench running the target in it."""
+    twins: dict[str, str] = {}
+    for cfg in configs:
+        if cfg.drafter.type == "none":
+            twins.setdefault(cfg.runtime.dtype or "float32", cfg.name)
+    return twins
+
+
+def _summarize(result: dict, runs: dict, configs, models: dict, encoded, temperature, margins: dict) -> None:
+    """Fill ``result`` from the runs so far (every method has run on the same prompts).
+    ``models``: each config's target model (its precision) by config name; ``""``: the float32
+    model of plain decoding."""
+    model = models[""]
+    twins = _plain_twins(configs)
     plain, hf = runs["plain"], runs["hf generate"]
     n = len(plain.tokens)
     baseline = max(plain.tokens_per_s, hf.tokens_per_s)
@@ -144,14 +171,14 @@ def _summarize(result: dict, runs: dict, configs, model, encoded, temperature, m
                  "step_ms": {k: 1000 * v / max(st.target_forwards, 1) for k, v in
                              (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))}}
         if temperature == 0:
-            diffs = []
-            for i, (a, b) in enumerate(zip(run.tokens, plain.tokens)):
-                j = _first_diff(a, b)
-                if j is not None:
-                    if (cfg.name, i) not in margins:
-                        margins[cfg.name, i] = _margin(model, encoded[i], b[:j])
-                    diffs.append({"prompt": i, "position": j, "logit_margin": margins[cfg.name, i]})
-            entry["mismatches"] = diffs
+            entry["mismatches"] = _mismatches(run.tokens, plain.tokens, model, encoded, margins, cfg.name)
+            # lower precision: also against plain decoding in the same precision, if the bench has it
+            twin = twins.get(cfg.runtime.dtype or "float32")
+            if cfg.runtime.dtype not in ("", "float32") and twin and twin != cfg.name:
+                entry["plain_twin"] = twin
+                entry["identical_to_plain_twin"] = sum(a == b for a, b in zip(run.tokens, runs[twin].tokens))
+                entry["mismatches_vs_twin"] = _mismatches(run.tokens, runs[twin].tokens, models[twin], encoded,
+                                                          margins, (cfg.name, twin))
         result["runs"].append(entry)
 
 
@@ -186,6 +213,12 @@ def format_table(result: dict) -> str:
         for m in r.get("mismatches", []):
             lines.append(f"  {r['config']}: prompt {m['prompt']} differs from plain at token {m['position']} "
                          f"(target logit margin there: {m['logit_margin']:.2e})")
+        if "plain_twin" in r:
+            lines.append(f"  {r['config']}: identical to {r['plain_twin']} (plain, same precision) on "
+                         f"{r['identical_to_plain_twin']}/{r['prompts']} prompts")
+            for m in r["mismatches_vs_twin"]:
+                lines.append(f"    prompt {m['prompt']} differs at token {m['position']} "
+                             f"({r['plain_twin']}'s logit margin there: {m['logit_margin']:.2e})")
     return "\n".join(lines)
 
 

@@ -65,6 +65,29 @@ def test_bench_json_contract(tiny_target, tmp_path, capsys):
     assert "| ngram" in out and "speedup" in out and "vs hf" in out and "plain / generate:" in out
 
 
+def test_bench_lower_precision_against_its_plain_twin(tiny_target, tmp_path, capsys):
+    """A bfloat16 run is compared with plain decoding in bfloat16 (its twin) as well as with the
+    float32 plain loop; mismatches carry the position and the logit margin there."""
+    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
+                                                   json.dumps({"prompt": "Count to three."})])
+    (tmp_path / "plain-bf16.yaml").write_text("runtime: {dtype: bfloat16}\n")
+    (tmp_path / "ngram-bf16.yaml").write_text("drafter: {type: ngram}\nruntime: {dtype: bfloat16}\n")
+    out_json = tmp_path / "out.json"
+    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(tmp_path / "plain-bf16.yaml"),
+                              "--config", str(tmp_path / "ngram-bf16.yaml"), "--max-new-tokens", "10",
+                              "--target", tiny_target, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    plain_bf16, ngram_bf16 = json.loads(out_json.read_text())["runs"]
+    assert "plain_twin" not in plain_bf16  # a plain config is nobody's twin but its own
+    assert ngram_bf16["plain_twin"] == "plain-bf16" and 0 <= ngram_bf16["identical_to_plain_twin"] <= 2
+    assert len(ngram_bf16["mismatches_vs_twin"]) == 2 - ngram_bf16["identical_to_plain_twin"]
+    for run in (plain_bf16, ngram_bf16):
+        assert len(run["mismatches"]) == 2 - run["identical_to_plain"]
+        for m in run["mismatches"] + run.get("mismatches_vs_twin", []):
+            assert m["position"] >= 0 and m["logit_margin"] >= 0
+    assert "identical to plain-bf16 (plain, same precision)" in out
+
+
 def test_generate_streams_and_summarizes(tiny_target, capsys):
     code, out, err = run_cli(["generate", "--prompt", "Hi there", "--max-new-tokens", "6", "--target", tiny_target,
                               "--config", str(ROOT / "experiments/configs/self-draft.yaml"), "--compare"], capsys)
