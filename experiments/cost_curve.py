@@ -56,14 +56,16 @@ def weight_bytes(model) -> int:
 
 
 def parse_path(name: str):
-    """``static``, ``dynamic``, ``static-bf16``, ``static-compiled``, ``static-bf16-compiled``, ..."""
+    """``static``, ``dynamic``, ``static-unpacked`` (no packed GEMM), ``static-bf16``,
+    ``static-compiled``, ``static-bf16-compiled``, ..."""
     from eagle.runtime import RuntimeConfig
 
     parts = name.split("-")
-    if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled"}:
-        raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled)")
+    if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled", "unpacked"}:
+        raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled, -unpacked)")
     dtype = "bfloat16" if "bf16" in parts else "float16" if "fp16" in parts else ""
-    return RuntimeConfig(cache=parts[0], dtype=dtype, compile="compiled" in parts)
+    return RuntimeConfig(cache=parts[0], dtype=dtype, compile="compiled" in parts,
+                         packed_linear="unpacked" not in parts)
 
 
 def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[dict], float]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import torch
+
 from eagle.config import DecodeConfig, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,3 +42,17 @@ def test_temperature_sweep_table_and_plot(tmp_path):
     assert "floor 0.95x: met" in ts.table(sweep)
     ts.plot(sweep, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_cost_curve_paths():
+    cc = _script("cost_curve")
+    rt = cc.parse_path("static-unpacked")
+    assert rt.cache == "static" and not rt.packed_linear and not rt.compile and rt.dtype == ""
+    rt = cc.parse_path("static-bf16-compiled")
+    assert rt.dtype == "bfloat16" and rt.compile and rt.packed_linear
+    assert cc.parse_path("dynamic").cache == "dynamic"
+    import pytest
+
+    with pytest.raises(SystemExit, match="unknown path"):
+        cc.parse_path("paged")
+    assert cc.weight_bytes(torch.nn.Linear(4, 3)) == (12 + 3) * 4
