@@ -56,3 +56,13 @@ def test_cost_curve_paths():
     with pytest.raises(SystemExit, match="unknown path"):
         cc.parse_path("paged")
     assert cc.weight_bytes(torch.nn.Linear(4, 3)) == (12 + 3) * 4
+
+
+def test_packed_gemm_script_runs(capsys):
+    from eagle.packed import packed_gemm_available
+
+    if not packed_gemm_available():
+        return  # nothing to compare on a build without MKL's packed GEMM
+    assert _script("packed_gemm").main(["--rows", "1,4", "--layers", "1", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 |" in out and "| 4 |" in out
