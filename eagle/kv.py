@@ -1,8 +1,8 @@
 """A preallocated KV cache written by slot (gpt-fast style), as a transformers ``Cache``.
 
 Every layer owns one ``(B, H_kv, capacity, D)`` key and value buffer, allocated on the first write
-(when heads, head size, dtype and device are known) and reused for the rest of the generation and
-for later generations of the same size. A forward writes its T new entries at the slots it names
+(when heads, head size, dtype and device are known) and reused for the rest of the generation
+(the decoder makes one cache per ``generate`` call). A forward writes its T new entries at the slots it names
 (``cache_slots``, a ``(T,)`` tensor passed through the model's forward kwargs, which transformers
 hands on to ``Cache.update``); nothing on the model changes. The attention then reads either
 

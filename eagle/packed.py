@@ -14,11 +14,16 @@ usual. The model's modules, parameters and code are never changed.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["PackedLinear", "packed_gemm_available"]
+__all__ = ["PackedLinear", "packed_gemm_available", "packer_for", "MIN_ROWS"]
+
+MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
+_PACKERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its PackedLinear
 
 
 def packed_gemm_available() -> bool:
@@ -54,3 +59,19 @@ class PackedLinear(TorchFunctionMode):
                 out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), hit[1], w, bias, rows)  # (rows, N)
                 return out.view(*x.shape[:-1], w.shape[0])
         return func(*args, **kwargs)
+
+
+def packer_for(model, row_counts) -> PackedLinear | None:
+    """The model's one :class:`PackedLinear`, extended to ``row_counts`` (those >= ``MIN_ROWS``),
+    shared by every caller on that model so each weight is packed once per row count; ``None``
+    when packing does not apply (weights not float32 on the CPU, no MKL, no row count >= MIN_ROWS)."""
+    w = model.get_output_embeddings().weight
+    rows = frozenset(r for r in row_counts if r >= MIN_ROWS)
+    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available():
+        return None
+    mode = _PACKERS.get(model)
+    if mode is None:
+        mode = _PACKERS[model] = PackedLinear(rows)
+    else:
+        mode.row_counts = mode.row_counts | rows
+    return mode

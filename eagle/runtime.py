@@ -10,9 +10,9 @@ The ``runtime:`` section of a decoding config::
       packed_linear: true  # CPU float32: buckets of >= 4 nodes use MKL's packed GEMM (eagle/packed.py)
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
-(docs/results.md, "The fast target path"): compiling costs ~90-110 s per bucket there and saves
-~25% of a step, so it is opt-in on the CPU; the packed GEMM makes 8-64-node trees 1.2-1.4x
-cheaper with no start-up cost, so it is on.
+(docs/results.md, "The fast target path"): compiling costs ~80 s per bucket there (165 s for three
+even with a warm cache) and saves 7-12% of a step, so it is opt-in on the CPU; the packed GEMM
+makes the layer products of 4-32-row steps 2.1-3.1x faster with no start-up cost, so it is on.
 """
 from __future__ import annotations
 

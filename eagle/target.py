@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from .kv import SlotCache
-from .packed import PackedLinear, packed_gemm_available
+from .packed import packer_for
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -107,22 +106,6 @@ class TreeOutput:
     hidden: torch.Tensor  # (T, H) last hidden state after the final norm
 
 
-PACKED_MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
-_PACKERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its PackedLinear
-
-
-def _packer(model, buckets) -> PackedLinear:
-    """One :class:`PackedLinear` per model, shared by every Target on it (packed copies are made
-    once per weight and row count, however many decoders a bench builds)."""
-    rows = [b for b in buckets if b >= PACKED_MIN_ROWS]
-    mode = _PACKERS.get(model)
-    if mode is None:
-        mode = _PACKERS[model] = PackedLinear(rows)
-    else:
-        mode.row_counts = mode.row_counts | frozenset(rows)
-    return mode
-
-
 def _inductor_cache_dir() -> None:
     """Compiled graphs go under ``$EAGLE_CACHE/inductor`` (unless the user chose another folder
     than inductor's default), so a second process loads them from disk instead of compiling."""
@@ -169,10 +152,9 @@ class Target:
         # [prefix | tree] keys, so a compiled step uses the SDPA path with the dense mask
         self.compiled = self.runtime.compile and not self.use_kernel
         self._steps: dict = {}  # bucket -> compiled step function
-        self.packed = None  # float32 CPU, eager static steps: MKL's packed GEMM for buckets >= 4 rows
-        if (self.static and self.runtime.packed_linear and not self.compiled and device.type == "cpu"
-                and self.lm_head.weight.dtype == torch.float32 and packed_gemm_available()):
-            self.packed = _packer(model, self.runtime.buckets)
+        # float32 CPU, eager static steps: MKL's packed GEMM for buckets of >= 4 rows
+        use_packed = self.static and self.runtime.packed_linear and not self.compiled
+        self.packed = packer_for(model, self.runtime.buckets) if use_packed else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
     # ---- shapes of the model ------------------------------------------------------------------

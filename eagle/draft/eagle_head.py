@@ -92,8 +92,8 @@ class EagleDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, root: int, sampling: Sampling) -> Tree:
-        root_feat = self.catch_up()
-        committed = self.cache.length  # predicted feature at the root's position
+        root_feat = self.catch_up()  # predicted feature at the root's position
+        committed = self.cache.length
         dev = root_feat.device
         # Drafted nodes get cache slots in the order they are run. Per slot: its row in `feats`
         # (row 0 = the root's feature, row 1 + s = the feature predicted after slot s), its depth,
