@@ -12,19 +12,29 @@ from __future__ import annotations
 import copy
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .io import replace_dir
 
-__all__ = ["DraftHead", "HeadConfig", "load_head", "save_head", "HeadMismatchError"]
+__all__ = ["DraftHead", "HeadConfig", "load_head", "read_head_config", "save_head", "HeadError", "HeadNotFoundError",
+           "HeadMismatchError"]
 
 
-class HeadMismatchError(ValueError):
+class HeadError(ValueError):
+    """A folder that is not a usable head checkpoint; the message names the folder or file and what is wrong."""
+
+
+class HeadNotFoundError(HeadError, FileNotFoundError):
+    """No head checkpoint at the given path (also a FileNotFoundError, as it was before HeadError)."""
+
+
+class HeadMismatchError(HeadError):
     """A head checkpoint that does not fit the target it is loaded onto."""
 
 
@@ -126,13 +136,70 @@ def save_head(head: DraftHead, folder: str | Path, config: HeadConfig, dtype: to
     replace_dir(tmp, folder)
 
 
-def load_head(folder: str | Path, model) -> DraftHead:
-    """Load a head checkpoint onto ``model``; a head trained for another hidden size or vocabulary
-    raises :class:`HeadMismatchError` naming the mismatch."""
+_HEAD_FILES = "config.json + model.safetensors"
+
+
+def _looks_like(folder: Path, raw: dict) -> str:
+    """What a folder given as a head seems to be instead, as a hint ('' when unclear)."""
+    if (folder / "draft.json").is_file():
+        return "; it is a draft model made by `eagle distill`: use it with drafter type 'model'"
+    if "architectures" in raw or "num_hidden_layers" in raw:
+        arch = ", ".join(raw.get("architectures") or []) or raw.get("model_type", "?")
+        return f"; it looks like a causal LM folder ({arch}): use drafter type 'model'"
+    return ""
+
+
+def read_head_config(folder: str | Path) -> HeadConfig:
+    """The checked :class:`HeadConfig` of a head folder, read without loading any weights.
+
+    Raises :class:`HeadNotFoundError` when there is no such folder, and :class:`HeadError` (one line
+    naming the folder or file) for a folder that is not a head: no config.json or model.safetensors,
+    a config.json that is not valid JSON, lacks keys, has unknown keys or values of the wrong type."""
     folder = Path(folder)
-    if not (folder / "config.json").exists():
-        raise FileNotFoundError(f"no head checkpoint at {folder} (expected config.json + model.safetensors)")
-    cfg = HeadConfig(**json.loads((folder / "config.json").read_text()))
+    if not folder.exists():
+        raise HeadNotFoundError(f"no head checkpoint at {folder}: no such folder (expected {_HEAD_FILES})")
+    if not folder.is_dir():
+        raise HeadError(f"{folder}: not a folder (a head checkpoint is a folder with {_HEAD_FILES})")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HeadError(f"{folder}: not an EAGLE head (no config.json; expected {_HEAD_FILES})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # invalid JSON or not UTF-8
+        raise HeadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise HeadError(f"{path}: expected a JSON object, got a {type(raw).__name__}")
+    known = [f.name for f in fields(HeadConfig)]
+    required = [f.name for f in fields(HeadConfig) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise HeadError(f"{folder}: not an EAGLE head (config.json has no {', '.join(map(repr, missing))})"
+                        + _looks_like(folder, raw))
+    unknown = sorted(k for k in raw if k not in known)
+    if unknown:
+        raise HeadError(f"{path}: unknown keys {unknown} (a head config has {known})")
+    for key, typ, what in (("target", str, "a string"), ("model_type", str, "a string"), ("hidden_size", int, "an integer"),
+                           ("vocab_size", int, "an integer"), ("draft_vocab", list, "a list"),
+                           ("target_config", dict, "an object")):
+        if key in raw and (not isinstance(raw[key], typ) or isinstance(raw[key], bool)):
+            raise HeadError(f"{path}: '{key}' must be {what}, got {json.dumps(raw[key])[:60]}")
+    if raw["hidden_size"] < 1 or raw["vocab_size"] < 1:
+        raise HeadError(f"{path}: hidden_size and vocab_size must be >= 1")
+    if not all(isinstance(i, int) and 0 <= i < raw["vocab_size"] for i in raw.get("draft_vocab", [])):
+        raise HeadError(f"{path}: 'draft_vocab' must hold token ids in [0, {raw['vocab_size']})")
+    if not (folder / "model.safetensors").is_file():
+        raise HeadError(f"{folder}: no model.safetensors (the head's weights; expected {_HEAD_FILES})")
+    return HeadConfig(**raw)
+
+
+def load_head(folder: str | Path, model) -> DraftHead:
+    """Load a head checkpoint onto ``model``.
+
+    Raises :class:`HeadError` for a folder that is not a readable head (see :func:`read_head_config`;
+    also a truncated or corrupt model.safetensors), :class:`HeadMismatchError` for a head trained for
+    another hidden size, vocabulary or architecture."""
+    folder = Path(folder)
+    cfg = read_head_config(folder)
     tcfg = model.config.get_text_config(decoder=True)
     if cfg.hidden_size != tcfg.hidden_size:
         raise HeadMismatchError(f"head {folder} was trained for hidden size {cfg.hidden_size}, "
@@ -143,9 +210,16 @@ def load_head(folder: str | Path, model) -> DraftHead:
     if cfg.model_type != tcfg.model_type:
         raise HeadMismatchError(f"head {folder} was trained for a '{cfg.model_type}' target, this one is "
                                 f"'{tcfg.model_type}'")
+    weights = folder / "model.safetensors"
+    try:
+        state = load_file(str(weights))
+    except SafetensorError as e:  # not a ValueError: the CLI would print a traceback
+        raise HeadError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
     head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
-    state = load_file(str(folder / "model.safetensors"))
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape than the target's layer has
+        raise HeadMismatchError(f"head {folder} does not match the target's layer: " + " ".join(str(e).split())) from None
     missing = [k for k in missing if k != "draft_vocab" and not k.startswith("rotary.")]
     if missing or unexpected:
         raise HeadMismatchError(f"head {folder} does not match the target's layer: missing {missing}, "

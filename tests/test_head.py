@@ -6,7 +6,9 @@ Every model here is a tiny random fp32 model built in this file (no downloads, n
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import shutil
 import zlib
 
 import pytest
@@ -18,7 +20,8 @@ from eagle import Target, TreeDecoder
 from eagle.draft import Sampling, TreeShape
 from eagle.draft.eagle_head import EagleDrafter
 from eagle.draft.grow import grow_dynamic, select_dynamic
-from eagle.head import DraftHead, HeadConfig, HeadMismatchError, load_head, save_head
+from eagle.head import (DraftHead, HeadConfig, HeadError, HeadMismatchError, HeadNotFoundError, load_head,
+                        read_head_config, save_head)
 from eagle.tree import Tree
 
 V = 128
@@ -594,6 +597,100 @@ def test_checkpoint_mismatch_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "nope", model)
     load_head(folder, model)  # the right target still loads
+
+
+def _edit_config(change):
+    """A breaker that rewrites config.json with ``change(cfg dict)`` applied."""
+    def edit(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        change(cfg)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _write_config(text: str):
+    return lambda folder: (folder / "config.json").write_text(text) and None
+
+
+# each breaker spoils a saved head folder in one way (returning the path to load when it is not the
+# folder itself); the error is one line naming the folder or file
+NOT_A_HEAD = {
+    "no folder": (shutil.rmtree, r"no head checkpoint at \S+/head: no such folder"),
+    "a file": (lambda f: f / "model.safetensors", r"head/model\.safetensors: not a folder"),
+    "no config": (lambda f: (f / "config.json").unlink(), r"head: not an EAGLE head \(no config\.json"),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), r"head: no model\.safetensors"),
+    "invalid json": (_write_config('{"target": "tiny",'), r"head/config\.json: not valid JSON \(Expecting"),
+    "not an object": (_write_config("[1, 2]"), r"head/config\.json: expected a JSON object, got a list"),
+    "missing keys": (_edit_config(lambda c: [c.pop("target"), c.pop("vocab_size")]),
+                     r"head: not an EAGLE head \(config\.json has no 'target', 'vocab_size'\)$"),
+    "unknown key": (_edit_config(lambda c: c.update(hidden=3)), r"head/config\.json: unknown keys \['hidden'\]"),
+    "wrong type": (_edit_config(lambda c: c.update(hidden_size="64")),
+                   r"head/config\.json: 'hidden_size' must be an integer, got \"64\""),
+    "bad draft vocab": (_edit_config(lambda c: c.update(draft_vocab=[1, V])),
+                        r"head/config\.json: 'draft_vocab' must hold token ids in \[0, 128\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_A_HEAD))
+def test_not_a_head_is_a_clear_error(tmp_path, case):
+    model = tiny_model("llama")
+    folder = tmp_path / "head"
+    save_head(random_head(model), folder, _head_config(model))
+    breaker, message = NOT_A_HEAD[case]
+    path = breaker(folder) or folder
+    with pytest.raises(HeadError, match=message) as err:
+        load_head(path, model)
+    assert "\n" not in str(err.value)
+    assert isinstance(err.value, HeadNotFoundError) == (case == "no folder")
+    if case == "no folder":
+        assert isinstance(err.value, FileNotFoundError)  # what it raised before HeadError existed
+
+
+def test_causal_lm_and_draft_model_folders_are_named_as_such(tmp_path):
+    """A model folder passed as a head says what it is and which drafter type takes it."""
+    from eagle.draft_model import build_draft_model, save_draft_model
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "lm")
+    with pytest.raises(HeadError, match=r"lm: not an EAGLE head \(config\.json has no 'target'\); it looks like a "
+                                        r"causal LM folder \(LlamaForCausalLM\): use drafter type 'model'"):
+        load_head(tmp_path / "lm", model)
+    save_draft_model(build_draft_model(model, [0]), tmp_path / "draft", "tiny")
+    with pytest.raises(HeadError, match=r"draft: not an EAGLE head .*made by `eagle distill`: use it with drafter "
+                                        r"type 'model'"):
+        load_head(tmp_path / "draft", model)
+
+
+def test_shipped_draft_model_is_not_a_head():
+    """The shipped distilled draft model, given where a head is expected (no model is loaded)."""
+    with pytest.raises(HeadError, match=r"draft-models/smollm2-135m-3l: not an EAGLE head .*drafter type 'model'"):
+        read_head_config("draft-models/smollm2-135m-3l")
+
+
+@pytest.mark.parametrize("cut", ["half", "header", "empty", "garbage"])
+def test_truncated_or_corrupt_weights_are_a_clear_error(tmp_path, cut):
+    model = tiny_model("llama")
+    folder = tmp_path / "head"
+    save_head(random_head(model), folder, _head_config(model))
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"half": data[: len(data) // 2], "header": data[:6], "empty": b"",
+                         "garbage": b"this is not a safetensors file"}[cut])
+    with pytest.raises(HeadError, match=r"head/model\.safetensors: truncated or corrupt, not a readable safetensors "
+                                        r"file \(") as err:
+        load_head(folder, model)
+    assert "\n" not in str(err.value)
+
+
+def test_weights_of_another_shape_are_a_mismatch(tmp_path):
+    """A config.json that fits the target over weights that do not (e.g. copied from another head)."""
+    small, model = tiny_model("llama", hidden=32), tiny_model("llama")
+    save_head(random_head(small), tmp_path / "small", _head_config(small))
+    save_head(random_head(model), tmp_path / "head", _head_config(model))
+    (tmp_path / "head" / "model.safetensors").write_bytes((tmp_path / "small" / "model.safetensors").read_bytes())
+    with pytest.raises(HeadMismatchError, match=r"head \S+/head does not match the target's layer: .*size mismatch "
+                                                r"for fc\.weight"):
+        load_head(tmp_path / "head", model)
 
 
 def test_public_api_names():
