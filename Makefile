@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Explain in a few sentences why the sky is blue.
 DEMO_CONFIG ?= experiments/configs/eagle2-cpu.yaml
 
-.PHONY: setup demo test bench head draft-model clean
+.PHONY: setup demo test test-fast bench ablations head draft-model clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,15 @@ bench: setup
 		--config experiments/configs/chain-draft-model.yaml --config experiments/configs/plain-dynamic-cache.yaml \
 		--config experiments/configs/plain-bf16.yaml --config experiments/configs/eagle2-cpu-bf16.yaml \
 		--json experiments/results/bench-smollm2.json
+
+# docs/ablations.md: every experiments/ablations/*.yaml through `eagle sweep` (resumable: a rerun
+# skips finished cells), then the tables and plots collected into one page (~40 min on 2 cores)
+ABLATIONS := $(sort $(wildcard experiments/ablations/*.yaml))
+ablations: setup
+	@for f in $(ABLATIONS); do \
+		$(BIN)/eagle sweep --grid $$f --out experiments/results/ablations/$$(basename $$f .yaml) || exit $$?; \
+	done
+	$(BIN)/python experiments/ablations_report.py --out docs/ablations.md
 
 # the head: self-distilled data + training + export (~1 h 50 min on 2 cores: ~58 min data, ~50 min training)
 head: setup

@@ -2,6 +2,7 @@
 prompts, in one process, reported as ratios against the faster plain decoder."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -35,6 +36,13 @@ class _Run:
     def tokens_per_s(self) -> float:
         return sum(map(len, self.tokens)) / self.seconds if self.seconds else 0.0
 
+    def add(self, record: dict) -> None:
+        """Add one prompt's record (see :func:`run_bench`)."""
+        self.tokens.append(record["tokens"])
+        self.seconds += record["seconds"]
+        if record.get("stats") is not None:
+            self.stats.merge(DecodeStats(**record["stats"]))
+
 
 def _hf_generate(model, ids, max_new_tokens, temperature, top_p, seed, eos):
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(eos) or None,
@@ -65,11 +73,15 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
 
 def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig], max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None,
-              on_compiled=None) -> dict:
+              on_compiled=None, records: dict | None = None, on_record=None) -> dict:
     """Run the benchmark and return the result dict (see docs/results.md for the fields).
 
     ``on_update(result)`` is called after each finished run, so a caller can save partial results;
     ``on_compiled({config: {bucket: seconds}})`` once after the warm-up when any step was compiled.
+    Resuming: ``records`` maps a method ("plain", "hf generate" or a config name) to
+    ``{prompt index: record}`` of runs done earlier; those are not run again (a method done on every
+    prompt is not even built). ``on_record(method, index, record)`` is called after each run with a
+    JSON-serializable ``{"tokens", "seconds", "stats"}``.
     """
     encoded = [encode_chat(tokenizer, p) for p in prompts]
     plain_dec = TreeDecoder(model, None)
@@ -78,43 +90,51 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
         if len(ids) + max_new_tokens > plain_dec.target.max_positions:
             raise ValueError(f"a prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
                              f"context of {plain_dec.target.max_positions}")
+    n = len(encoded)
+    done = {name: {int(i): r for i, r in (records or {}).get(name, {}).items() if int(i) < n}
+            for name in ["plain", "hf generate"] + [c.name for c in configs]}
+    todo = lambda name: len(done[name]) < n  # noqa: E731
     result = {"target": target_name, "device": device_name(plain_dec.target.device),
               "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
               "plain": {}, "runs": []}
     gen_kw = dict(temperature=temperature, top_p=top_p)
-    decoders = [TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None) for cfg in configs]
+    decoders = {cfg.name: TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None) for cfg in configs}
     # warm-up so no method pays first-call costs (compilation included) inside the timing
-    for dec in [plain_dec] + decoders:
+    for dec in [plain_dec] + [dec for name, dec in decoders.items() if todo(name)]:
         dec.generate(encoded[0], min(8, max_new_tokens))
-    result["compile_s"] = {cfg.name: dict(dec.target.compile_s) for cfg, dec in zip(configs, decoders)
-                           if dec.target.compile_s}
+    result["compile_s"] = {name: dict(dec.target.compile_s) for name, dec in decoders.items() if dec.target.compile_s}
     if on_compiled and result["compile_s"]:
         on_compiled(result["compile_s"])
-    _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
+    if todo("hf generate"):
+        _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
 
     methods = [("plain", lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw)),
                ("hf generate", lambda i, ids: _hf_generate(model, ids, max_new_tokens, temperature, top_p, i, eos))]
-    methods += [(cfg.name, (lambda dec: lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw))(dec))
-                for cfg, dec in zip(configs, decoders)]
-    runs = {name: _Run() for name, _ in methods}
+    methods += [(name, (lambda dec: lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw))(dec))
+                for name, dec in decoders.items() if todo(name)]
     margins: dict = {}  # (config, prompt) -> target logit margin where the output left plain decoding
-    bar = tqdm(total=len(methods) * len(encoded), desc="bench", unit="run", dynamic_ncols=True)
+    models = {name: dec.target.model for name, dec in decoders.items()}
+    bar = tqdm(total=sum(n - len(r) for r in done.values()), desc="bench", unit="run", dynamic_ncols=True)
     # prompts outer, methods inner: a slow spell of the machine hits every method alike
     for i, ids in enumerate(encoded):
         for name, fn in methods:
+            if i in done[name]:
+                continue
             bar.set_postfix_str(name)
             t0 = time.perf_counter()
             out = fn(i, ids)
-            run = runs[name]
-            run.seconds += time.perf_counter() - t0
-            if isinstance(out, list):
-                run.tokens.append(out)
-            else:
-                run.tokens.append(out.tokens)
-                run.stats.merge(out.stats)
+            seconds = time.perf_counter() - t0
+            rec = ({"tokens": out, "seconds": seconds, "stats": None} if isinstance(out, list) else
+                   {"tokens": out.tokens, "seconds": seconds, "stats": dataclasses.asdict(out.stats)})
+            done[name][i] = rec
+            if on_record:
+                on_record(name, i, rec)
             bar.update(1)
-        _summarize(result, runs, configs, {cfg.name: dec.target.model for cfg, dec in zip(configs, decoders)} | {"": model},
-                   encoded, temperature, margins)
+        runs = {name: _Run() for name in done}
+        for name, recs in done.items():
+            for j in range(i + 1):
+                runs[name].add(recs[j])
+        _summarize(result, runs, configs, models | {"": model}, encoded, temperature, margins)
         if on_update:
             on_update(result)
     bar.close()

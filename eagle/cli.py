@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -64,6 +65,25 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("distill", help="distil a small separate draft model from the target (KL on its distributions)")
     d.add_argument("--config", required=True, help="distillation config YAML")
+
+    s = sub.add_parser("sweep", help="an ablation grid over config keys: one bench, results.json/csv, table.md, plots",
+                       description="Expand --base over every --grid axis (KEY=V1,V2,... over any dotted config key, "
+                       "'temperature', or 'config' variants; or an ablation YAML under experiments/ablations/), "
+                       "validate every cell, run them as one bench and write DIR/results.json, results.csv, "
+                       "table.md and plots. Rerunning the same command resumes and skips finished cells.")
+    s.add_argument("--base", help="decoding config every cell starts from (default: the ablation file's base)")
+    s.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...|FILE.yaml",
+                   help="a grid axis, or an ablation YAML file (repeatable)")
+    s.add_argument("--prompts", help="JSONL prompts (default: the ablation file's)")
+    s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
+    s.add_argument("--max-new-tokens", type=_positive_int, default=None, help="default 128")
+    s.add_argument("--temperature", type=_temperature, default=None, help="0 = greedy (default)")
+    s.add_argument("--top-p", type=_top_p, default=None)
+    s.add_argument("--target", default="smollm2-135m", help="embedded name or local HF directory")
+    s.add_argument("--x", default=None, help="plots: x axis, 'nodes' (measured tree nodes per step, default) or a grid key")
+    s.add_argument("--lines", action="append", default=None,
+                   help="plots: one line per value of this key (repeatable; default: the grid keys not on x)")
+    s.add_argument("--out", required=True, help="output folder (results.json, results.csv, table.md, *.png)")
 
     h = sub.add_parser("head-info", help="size and FLOPs per draft step of a head")
     h.add_argument("--head", default="heads/smollm2-135m")
@@ -151,6 +171,58 @@ def _bench(args) -> None:
     print(f"\nwrote {args.json}")
 
 
+def _sweep_spec(args):
+    """The sweep from the --grid axes/files and the flags (a flag wins over an ablation file),
+    expanded into validated cells."""
+    from .sweep import SweepSpec, check_plot_keys, default_lines, expand, is_ablation_file, load_ablation, parse_axis
+
+    spec, axes = SweepSpec(), []
+    for g in args.grid:
+        if is_ablation_file(g):
+            spec, file_axes = spec.updated(load_ablation(g))
+            axes += file_axes
+        else:
+            axes.append(parse_axis(g))
+    keys = [a.key for a in axes]
+    if args.temperature is not None and "temperature" in keys:
+        raise UsageError("--temperature and a 'temperature' grid axis both given")
+    for name in ("base", "prompts", "limit", "max_new_tokens", "temperature", "top_p", "x", "lines"):
+        if getattr(args, name) is not None:
+            setattr(spec, name, getattr(args, name))
+    if not spec.base:
+        raise UsageError("sweep needs --base (or an ablation file with 'base')")
+    if not spec.prompts:
+        raise UsageError("sweep needs --prompts (or an ablation file with 'prompts')")
+    cells = expand(spec.base, axes, spec.temperature, spec.set)
+    spec.lines = spec.lines or default_lines(keys, spec.x)
+    check_plot_keys(cells, keys, spec.x, spec.lines)
+    return spec, keys, cells
+
+
+def _sweep(args) -> None:
+    from .models import load_target
+    from .prompts import load_prompts
+    from .sweep import load_state, run_sweep, sweep_settings, write_outputs
+
+    spec, keys, cells = _sweep_spec(args)  # every cell validated before a model is loaded
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    prompts = load_prompts(spec.prompts, spec.limit or None)
+    max_new = spec.max_new_tokens or 128
+    extra = {"base": spec.base, "prompt_file": spec.prompts, "limit": spec.limit}
+    load_state(out, sweep_settings(prompts, max_new, spec.top_p, args.target, **extra))  # resumable here?
+    print(f"sweep: {len(cells)} cells x {len(prompts)} prompts, {max_new} new tokens -> {out}", file=sys.stderr)
+    _quiet_transformers()
+    model, tok = load_target(args.target)
+    summary = run_sweep(model, tok, prompts, cells, out, max_new, spec.top_p, target_name=args.target,
+                        log=lambda m: print(m, file=sys.stderr), **extra)
+    summary.update(command="eagle " + " ".join(args.argv), description=spec.description)
+    files = write_outputs(summary, out, keys, spec.x, spec.lines)
+    print((out / "table.md").read_text())
+    print("wrote " + ", ".join(str(f) for f in files))
+
+
 def _report_training(cfg, summary: dict, final: str, what: str) -> None:
     import json
 
@@ -196,18 +268,22 @@ def _head_info(args) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     from .config import ConfigError
     from .models import TargetNotFound
     from .prompts import PromptFileError
 
     try:
-        {"generate": _generate, "bench": _bench, "train": _train, "distill": _distill, "head-info": _head_info}[args.cmd](args)
+        {"generate": _generate, "bench": _bench, "sweep": _sweep, "train": _train, "distill": _distill,
+         "head-info": _head_info}[args.cmd](args)
     except (UsageError, ConfigError, TargetNotFound, PromptFileError, ValueError, OSError) as e:
         print(f"eagle: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         kept = {"bench": "bench results so far are in the --json file",
+                "sweep": "rerun the same command to resume; finished runs are kept in the --out folder",
                 "train": "rerun the same command to resume from the last checkpoint",
                 "distill": "rerun the same command to resume from the last checkpoint"}.get(args.cmd)
         print("\neagle: interrupted" + (f" ({kept})" if kept else ""), file=sys.stderr)

@@ -13,7 +13,7 @@ from .fallback import FallbackConfig
 from .models import EMBEDDED
 from .runtime import RuntimeConfig
 
-__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "from_dict"]
+__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml"]
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
@@ -136,10 +136,17 @@ def load_config(path: str | Path) -> DecodeConfig:
     """Load and validate a decoding config; the name defaults to the file's stem."""
     path = Path(path)
     data = read_yaml(path)
-    data = {} if data is None else data
+    return config_from_dict({} if data is None else data, path)
+
+
+def config_from_dict(data, path: str | Path, where: str = "") -> DecodeConfig:
+    """Validate the mapping ``data`` as a decoding config that lives at ``path`` (its name defaults
+    to the file's stem; relative head/model paths resolve from the file's folder). Errors name
+    ``path`` and ``where`` (e.g. a sweep cell)."""
+    path = Path(path)
     try:
         if isinstance(data, dict):
-            data.setdefault("name", path.stem)
+            data = {"name": path.stem, **data}
         cfg = from_dict(DecodeConfig, data)
         cfg.validate()
         if cfg.drafter.head:
@@ -147,5 +154,5 @@ def load_config(path: str | Path) -> DecodeConfig:
         if cfg.drafter.model and cfg.drafter.model not in EMBEDDED:
             cfg.drafter.model = str(_resolve(cfg.drafter.model, path))
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}{where}: {e}") from None
     return cfg

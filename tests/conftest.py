@@ -152,6 +152,24 @@ class RandomTreeDrafter(Drafter):
         return tree
 
 
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as a local HF folder."""
+    import transformers as tf
+
+    from eagle.models import resolve_target
+
+    folder = tmp_path_factory.mktemp("tiny-target")
+    tok = tf.AutoTokenizer.from_pretrained(resolve_target("smollm2-135m"))
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=160,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=1)
+    tf.LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 # ---- the real default target (slow tests) ---------------------------------------------------------
 
 SHIPPED_PROMPTS = ["Write a Python function that returns the largest of three numbers.",

@@ -6,26 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers as tf
 
 from eagle.cli import main
-from eagle.models import resolve_target
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as a local HF folder."""
-    folder = tmp_path_factory.mktemp("tiny-target")
-    tok = tf.AutoTokenizer.from_pretrained(resolve_target("smollm2-135m"))
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=160,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=1)
-    tf.LlamaForCausalLM(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
 
 
 def write_prompts(path, lines):

@@ -66,3 +66,22 @@ def test_packed_gemm_script_runs(capsys):
     assert _script("packed_gemm").main(["--rows", "1,4", "--layers", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 1 |" in out and "| 4 |" in out
+
+
+def test_ablations_report_collects_tables_plots_and_commands(tmp_path):
+    rep = _script("ablations_report")
+    abl = tmp_path / "ablations"
+    abl.mkdir()
+    (abl / "alpha.yaml").write_text("description: >-\n  First\n  question.\ngrid: {tree.depth: [1, 2]}\n")
+    (abl / "beta.yaml").write_text("description: Second.\ngrid: {tree.depth: [1]}\n")
+    res = tmp_path / "results"
+    (res / "alpha").mkdir(parents=True)
+    (res / "alpha" / "results.json").write_text('{"command": "eagle sweep --grid alpha.yaml --out x"}')
+    (res / "alpha" / "table.md").write_text("| cell | tau |\n|---|---:|\n| a | 1.50 |\n")
+    (res / "alpha" / "tau_speedup.png").write_bytes(b"\x89PNG")
+    rep.ROOT = tmp_path  # commands are shown relative to the repository root
+    doc = rep.render(sorted(abl.glob("*.yaml")), res, tmp_path / "docs")
+    assert "## alpha" in doc and "First question." in doc and "eagle sweep --grid alpha.yaml --out x" in doc
+    assert "| a | 1.50 |" in doc and "](../results/alpha/tau_speedup.png)" in doc
+    assert "acceptance.png" not in doc  # only plots that exist are linked
+    assert "## beta" in doc and "Not run yet: `eagle sweep --grid ablations/beta.yaml --out results/beta`" in doc
