@@ -17,7 +17,8 @@ from eagle.draft_model import DraftModelMismatchError, build_draft_model, load_d
 from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.distill import (DistillConfig, cache_target_topk, distill, distill_loss, load_distill_config,
                                  load_topk)
-from test_train import N_SEQ, PROMPT_LEN, config, features, make_data, tiny_model
+from eagle.prompts import PromptFileError
+from test_train import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, tiny_model, write_prompts
 
 K = 16
 
@@ -209,3 +210,15 @@ def test_model_drafter_from_a_distilled_checkpoint_is_lossless(data, model, tmp_
     out = TreeDecoder.from_config(model, cfg).generate(prompt, 40)
     assert out.tokens == plain.tokens
     assert out.stats.target_forwards < plain.stats.target_forwards  # the draft model is mostly right
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "bad json", "no prompt"])
+def test_bad_prompts_file_fails_before_the_target_loads(tmp_path, no_target_load, case):
+    """The prompts of the head's training config (``data:``) are checked before the target loads."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl", case)
+    data_yaml = tmp_path / "data.yaml"
+    data_yaml.write_text(yaml.safe_dump({"target": "tiny-llama", "prompts": str(prompts), "data_dir": str(tmp_path / "d")}))
+    with pytest.raises(PromptFileError, match=BAD_PROMPTS[case][1]) as err:
+        distill(dcfg(tmp_path, data_yaml, "bad"), progress=False)
+    assert "eagle data" not in str(err.value)
+    assert not (tmp_path / "d").exists()

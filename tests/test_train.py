@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eagle.head import DraftHead, load_head
+from eagle.prompts import PromptFileError
 from eagle.train.data import ShardDataset, load_manifest, write_shard
 from eagle.train.trainer import TrainConfig, head_loss, train
 
@@ -411,3 +412,58 @@ def test_resume_from_a_save_interrupted_between_renames(tmp_path):
     (new / "x").write_text("1")
     replace_dir(new, folder)
     assert (folder / "x").read_text() == "1" and existing_dir(folder) == folder
+
+
+# ------------------------------------------------------------------------------------------------
+# bad prompt files: errors that name them, before the target loads
+
+
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Fails a test that loads the target: prompt-file errors must come first."""
+    import eagle.models
+
+    monkeypatch.setattr(eagle.models, "load_target", lambda *a, **kw: pytest.fail("the target was loaded"))
+
+
+BAD_PROMPTS = {
+    "missing": (None, r"prompts file not found: \S+prompts\.jsonl$"),
+    "empty": ("", r"prompts\.jsonl: empty prompts file"),
+    "blank lines": ("\n  \n", r"prompts\.jsonl: empty prompts file"),
+    "bad json": ('{"prompt": "a"}\n\n{"prompt": "b"\n', r"prompts\.jsonl:3: not valid JSON \(Expecting"),
+    "no prompt": ('{"prompt": "a"}\n{"text": "b"}\n', r"prompts\.jsonl:2: no prompt \(expected a JSON object"),
+    "not an object": ('{"prompt": "a"}\n["b"]\n', r"prompts\.jsonl:2: no prompt"),
+    "bad json list": ('[{"prompt": "a"},\n {"prompt": }]', r"prompts\.jsonl:2: not valid JSON"),
+    "empty json list": ("[]", r"prompts\.jsonl: no prompts"),
+}
+
+
+def write_prompts(path: Path, case: str) -> Path:
+    if BAD_PROMPTS[case][0] is not None:
+        path.write_text(BAD_PROMPTS[case][0])
+    return path
+
+
+@pytest.mark.parametrize("case", list(BAD_PROMPTS))
+def test_bad_prompts_file_fails_before_the_target_loads(tmp_path, no_target_load, case):
+    prompts = write_prompts(tmp_path / "prompts.jsonl", case)
+    cfg = config(tmp_path, tmp_path / "data", prompts, "bad")
+    with pytest.raises(PromptFileError, match=BAD_PROMPTS[case][1]) as err:
+        train(cfg, progress=False)
+    assert "eagle data" not in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_bad_extra_data_file_is_named(tmp_path, no_target_load):
+    good = tmp_path / "prompts.jsonl"
+    good.write_text('{"prompt": "a"}\n')
+    extra = write_prompts(tmp_path / "sharegpt.json", "bad json list")
+    cfg = config(tmp_path, tmp_path / "data", good, "bad", extra_data=[str(extra)])
+    with pytest.raises(PromptFileError, match=r"sharegpt\.json:2: not valid JSON"):
+        train(cfg, progress=False)
+
+
+def test_empty_data_folder_message(tmp_path):
+    with pytest.raises(ValueError, match=r"no shards in \S+ \(the data stage of `eagle train` writes them") as err:
+        ShardDataset(tmp_path)
+    assert "eagle data" not in str(err.value)

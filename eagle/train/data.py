@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..packed import packer_for
-from ..prompts import encode_chat
+from ..prompts import PromptFileError, encode_chat
 
 __all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
 
@@ -32,21 +32,55 @@ def read_prompt_records(path: str | Path) -> list[str]:
     ShareGPT: a list of ``{"conversations": [{"from": "human", "value": ...}, ...]}``; UltraChat:
     ``{"messages": [{"role": "user", "content": ...}, ...]}`` (a list, or one object per line).
     The first user turn of each conversation becomes a prompt (the target writes its own answer).
+
+    Raises :class:`eagle.prompts.PromptFileError` naming the file (and the line of a JSONL file) for
+    a missing or empty file, a line that is not JSON, or a record without a user prompt.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    if not path.is_file():
+        raise PromptFileError(f"prompts file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise PromptFileError(f"{path}: empty prompts file (expected JSONL with a \"prompt\" per line, or a "
+                              "ShareGPT/UltraChat JSON file)")
+    records = _json_records(path, text)  # [(where, record)]: "file:line" or "file: record i"
+    prompts = []
+    for where, rec in records:
+        prompt = read_conversations(rec) if isinstance(rec, dict) else None
+        if prompt is None:
+            raise PromptFileError(f"{where}: no prompt (expected a JSON object with a \"prompt\" string, ShareGPT "
+                                  "'conversations' or UltraChat 'messages' with a user turn)")
+        prompts.append(prompt)
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts (an empty JSON list)")
+    return prompts
+
+
+def _json_records(path: Path, text: str) -> list[tuple[str, object]]:
+    """The records of one JSON document (a list, or one object) or of JSONL, each with where it is
+    for error messages: ``file:line`` or ``file: record i``."""
     try:
         data = json.loads(text)
-        records = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    prompts = []
-    for n, rec in enumerate(records):
-        prompt = read_conversations(rec)
-        if prompt is None:
-            raise ValueError(f"{path}: record {n} has no prompt, ShareGPT 'conversations' or UltraChat 'messages'")
-        prompts.append(prompt)
-    return prompts
+    except json.JSONDecodeError as e:
+        first = next(line for line in text.splitlines() if line.strip()).strip()
+        # JSONL: a first record followed by more ("Extra data"), or a first line that opens an object on
+        # it; otherwise one broken document, whose own error position is the useful one
+        if e.msg != "Extra data" and not (first.startswith("{") and len(first) > 1):
+            raise PromptFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        records = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append((f"{path}:{n}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        return records
+    if isinstance(data, list):
+        return [(f"{path}: record {i}", rec) for i, rec in enumerate(data)]
+    return [(f"{path}:1", data)]
 
 
 def read_conversations(rec: dict) -> str | None:
@@ -187,7 +221,8 @@ class ShardDataset:
         folder = Path(folder)
         manifest = load_manifest(folder)
         if not manifest["shards"]:
-            raise ValueError(f"no shards in {folder} (run `eagle data` first)")
+            raise ValueError(f"no shards in {folder} (the data stage of `eagle train` writes them, from the "
+                             "prompts of a training config with this data_dir)")
         if load_hidden and not manifest.get("has_hidden", True):
             raise ValueError(f"{folder} holds no features (made with extraction: online)")
         self.sequences: list[Sequence] = []

@@ -26,7 +26,7 @@ from ..config import ConfigError
 from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
 from .data import ShardDataset, load_manifest, read_tensors
 from .trainer import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_train_config,
-                      load_resume_state, load_yaml_config, prepare_data, save_checkpoint)
+                      load_resume_state, load_yaml_config, prepare_data, save_checkpoint, training_prompts)
 
 __all__ = ["DistillConfig", "load_distill_config", "distill", "cache_target_topk", "distill_loss"]
 
@@ -177,15 +177,17 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
     run = Run()
     if run.world > 1:
         raise ValueError("eagle distill runs on one process (the student is small); start it without torchrun")
-    torch.manual_seed(cfg.seed)
-    if model is None:
-        model, tok = load_target(cfg.target, device=run.device)
+    # the data config and its prompts are checked before the (slow) target load
     data_cfg = load_train_config(cfg.data)
     if data_cfg.extraction != "offline":
         raise ConfigError(f"{cfg.data}: the draft model needs stored features (extraction: offline)")
     if cfg.num_prompts:  # self-distil only as many prompts as this run uses (the shards resume in order)
         data_cfg.num_prompts = cfg.num_prompts
-    prepare_data(data_cfg, model, tok, run)
+    prompts = training_prompts(data_cfg)
+    torch.manual_seed(cfg.seed)
+    if model is None:
+        model, tok = load_target(cfg.target, device=run.device)
+    prepare_data(data_cfg, model, tok, run, prompts)
     manifest = load_manifest(data_cfg.data_dir)  # one snapshot: another run may be appending shards
     cache_target_topk(data_cfg.data_dir, model, cfg.top_k, progress=progress, manifest=manifest)
     n_seq = sum(s["sequences"] for s in manifest["shards"])

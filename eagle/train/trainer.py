@@ -23,7 +23,7 @@ from ..head import DraftHead, HeadConfig, save_head
 from ..io import existing_dir, replace_dir
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
 
-__all__ = ["TrainConfig", "load_train_config", "train", "head_loss"]
+__all__ = ["TrainConfig", "load_train_config", "train", "head_loss", "training_prompts"]
 
 
 @dataclass
@@ -290,14 +290,21 @@ def _evaluate(head, embed, lm_w, data, cfg, run, features_fn) -> dict:
     return {"loss": float(loss / n.clamp(min=1)), "acc": [float(a / n.clamp(min=1)) for a in accs]}
 
 
-def prepare_data(cfg: TrainConfig, model, tok, run: Run) -> None:
-    """Self-distill the prompt set into ``cfg.data_dir`` (resumable), on the main process only."""
+def training_prompts(cfg: TrainConfig) -> list[str]:
+    """The prompts the data stage self-distills: ``cfg.prompts`` then ``cfg.extra_data``, the first
+    ``num_prompts`` of them. A missing, empty or malformed file raises ``PromptFileError`` naming it."""
+    prompts = read_prompt_records(cfg.prompts)
+    for extra in cfg.extra_data:
+        prompts += read_prompt_records(extra)
+    return prompts[: cfg.num_prompts] if cfg.num_prompts else prompts
+
+
+def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | None = None) -> None:
+    """Self-distill the prompt set (``prompts``, default :func:`training_prompts`) into
+    ``cfg.data_dir`` (resumable), on the main process only."""
     if run.main:
-        prompts = read_prompt_records(cfg.prompts)
-        for extra in cfg.extra_data:
-            prompts += read_prompt_records(extra)
-        if cfg.num_prompts:
-            prompts = prompts[: cfg.num_prompts]
+        if prompts is None:
+            prompts = training_prompts(cfg)
         if load_manifest(cfg.data_dir)["prompts_done"] < len(prompts):
             generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
                             max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
@@ -314,10 +321,11 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     from ..models import load_target
 
     run = Run()
+    prompts = training_prompts(cfg)  # a bad prompts file fails now, not after the target has loaded
     torch.manual_seed(cfg.seed)
     if model is None:
         model, tok = load_target(cfg.target, device=run.device)
-    prepare_data(cfg, model, tok, run)
+    prepare_data(cfg, model, tok, run, prompts)
     data = ShardDataset(cfg.data_dir, load_hidden=cfg.extraction == "offline").sequences
     train_set, eval_set = heldout_split(data, cfg.heldout_fraction, cfg.seed)
     if len(train_set) < cfg.batch_size:
