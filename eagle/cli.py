@@ -41,9 +41,16 @@ def _add_sampling(p: argparse.ArgumentParser, default_new: int) -> None:
     p.add_argument("--target", default="smollm2-135m", help="embedded name or local HF directory")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as the one ``eagle: error: ...`` line every other bad input gets (exit 2)."""
+
+    def error(self, message):
+        self.exit(2, f"eagle: error: {message} (see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="eagle", description="Lossless speculative decoding with tree drafts")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = _Parser(prog="eagle", description="Lossless speculative decoding with tree drafts")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="stream an answer to one chat prompt")
     g.add_argument("--prompt", required=True)
@@ -91,6 +98,25 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_output_file(path: str) -> None:
+    """Fail before any work when results could not be written to ``path``."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--json {path} is a folder; name a file")
+    parent = next((q for q in p.absolute().parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"--json {path}: {parent} is not a folder")
+
+
+def _check_drafters(configs) -> None:
+    """Heads named by the configs are read (config and weight header) before the target loads."""
+    from .head import check_head
+
+    for cfg in configs:
+        if cfg.drafter.type == "eagle":
+            check_head(cfg.drafter.head)
+
+
 def _quiet_transformers() -> None:
     import transformers
 
@@ -107,6 +133,7 @@ def _generate(args) -> None:
     config = load_config(args.config) if args.config else DecodeConfig()
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
+    _check_drafters([config])
     _quiet_transformers()
     model, tok = load_target(args.target)
     ids = encode_chat(tok, args.prompt)
@@ -161,6 +188,8 @@ def _bench(args) -> None:
     if len(set(names)) != len(names):
         raise UsageError(f"two configs share a name: {names}")
     prompts = load_prompts(args.prompts, args.limit)
+    _check_output_file(args.json)
+    _check_drafters(configs)
     _quiet_transformers()
     model, tok = load_target(args.target)
     result = run_bench(model, tok, prompts, configs, args.max_new_tokens, args.temperature, args.top_p,
@@ -205,6 +234,7 @@ def _sweep(args) -> None:
     from .sweep import load_state, run_sweep, sweep_settings, write_outputs
 
     spec, keys, cells = _sweep_spec(args)  # every cell validated before a model is loaded
+    _check_drafters([c.config for c in cells])
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
@@ -251,9 +281,10 @@ def _distill(args) -> None:
 
 
 def _head_info(args) -> None:
-    from .head import load_head
+    from .head import check_head, load_head
     from .models import load_target
 
+    check_head(args.head)
     _quiet_transformers()
     model, _ = load_target(args.target)
     head = load_head(args.head, model)

@@ -16,13 +16,13 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .io import replace_dir
 
-__all__ = ["DraftHead", "HeadConfig", "load_head", "read_head_config", "save_head", "HeadError", "HeadNotFoundError",
+__all__ = ["DraftHead", "HeadConfig", "load_head", "read_head_config", "check_head", "save_head", "HeadError", "HeadNotFoundError",
            "HeadMismatchError"]
 
 
@@ -190,6 +190,19 @@ def read_head_config(folder: str | Path) -> HeadConfig:
     if not (folder / "model.safetensors").is_file():
         raise HeadError(f"{folder}: no model.safetensors (the head's weights; expected {_HEAD_FILES})")
     return HeadConfig(**raw)
+
+
+def check_head(folder: str | Path) -> HeadConfig:
+    """:func:`read_head_config` plus a read of the weight file's header (a truncated or corrupt
+    file is found here, before any model is loaded): the cheap check a command runs first."""
+    cfg = read_head_config(folder)
+    weights = Path(folder) / "model.safetensors"
+    try:
+        with safe_open(str(weights), "pt"):
+            pass
+    except SafetensorError as e:
+        raise HeadError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
+    return cfg
 
 
 def load_head(folder: str | Path, model) -> DraftHead:

@@ -114,7 +114,63 @@ def test_unknown_config_key(tmp_path, capsys):
 def test_bad_numbers(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--prompt", "x"] + args)
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err
+    assert err.startswith("eagle: error:") and err.count("\n") == 1  # one line, no usage block
+
+
+def test_missing_argument_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--prompts", "p.jsonl"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("eagle: error:") and "--config" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def broken_heads(tmp_path_factory):
+    """A copy of the shipped head with its weights cut short, and a config that uses it."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("heads")
+    head = root / "truncated"
+    shutil.copytree(ROOT / "heads/smollm2-135m", head)
+    w = head / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 3])
+    cfg = root / "broken.yaml"
+    cfg.write_text(f"drafter: {{type: eagle, head: {head}}}\ntree: {{shape: chain, depth: 2}}\n")
+    return head, cfg
+
+
+@pytest.mark.parametrize("cmd", ["generate", "bench", "head-info"])
+def test_truncated_head_weights_are_one_line(cmd, broken_heads, tmp_path, capsys):
+    head, cfg = broken_heads
+    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
+    args = {"generate": ["generate", "--prompt", "Hi", "--config", str(cfg)],
+            "bench": ["bench", "--prompts", prompts, "--config", str(cfg), "--json", str(tmp_path / "o.json")],
+            "head-info": ["head-info", "--head", str(head)]}[cmd]
+    # checked before the target is loaded: an unknown target would be the other error
+    code, out, err = run_cli(args + ["--target", "no-such-model"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "model.safetensors: truncated or corrupt" in err
+    assert list(tmp_path.iterdir()) == [tmp_path / "p.jsonl"]  # nothing written
+
+
+def test_head_info_on_a_folder_that_is_not_a_head(capsys):
+    code, out, err = run_cli(["head-info", "--head", str(ROOT / "draft-models/smollm2-135m-3l")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "not an EAGLE head" in err and "drafter type 'model'" in err
+
+
+def test_json_naming_a_folder_fails_before_the_bench(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
+    (tmp_path / "out").mkdir()
+    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
+                              "--json", str(tmp_path / "out"), "--target", "no-such-model"], capsys)
+    assert code == 2 and "is a folder" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "p.jsonl"] and not any((tmp_path / "out").iterdir())
+
+
+def test_target_folder_that_is_not_a_model(capsys):
+    code, out, err = run_cli(["generate", "--prompt", "Hi", "--target", str(ROOT / "heads/smollm2-135m")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "heads/smollm2-135m" in err and "tokenizer" not in err.split(":")[1]
 
 
 def test_unknown_target(capsys):
