@@ -141,7 +141,7 @@ def test_distilling_lowers_heldout_kl_and_round_trips(data, model):
     assert not any(p.requires_grad for p in model.parameters())
 
 
-def test_resume_after_interrupt_is_exact(data, model):
+def test_resume_after_interrupt_is_exact(data, model, capsys):
     root, _, data_yaml = data
     full = dcfg(root, data_yaml, "full", checkpoint_every=4)
     distill(full, model, None, progress=False)
@@ -156,7 +156,9 @@ def test_resume_after_interrupt_is_exact(data, model):
 
     with pytest.raises(Stop):
         distill(part, model, None, progress=False, on_step=interrupt)
+    capsys.readouterr()
     distill(part, model, None, progress=False)
+    assert "resuming at step 4 from the checkpoint in" in capsys.readouterr().err
     a = load_file(str(Path(full.export) / "model.safetensors"))
     b = load_file(str(Path(part.export) / "model.safetensors"))
     assert a.keys() == b.keys()

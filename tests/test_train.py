@@ -18,10 +18,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from eagle.config import ConfigError
 from eagle.head import DraftHead, load_head
 from eagle.prompts import PromptFileError
 from eagle.train.data import ShardDataset, load_manifest, write_shard
-from eagle.train.trainer import TrainConfig, head_loss, train
+from eagle.train.trainer import TrainConfig, head_loss, load_train_config, train
 
 V, H = 128, 64
 N_SEQ = 40
@@ -212,7 +213,7 @@ def run_a(offline, model):
     return cfg, summary
 
 
-def test_resume_after_interrupt_is_exact(offline, model, run_a):
+def test_resume_after_interrupt_is_exact(offline, model, run_a, capsys):
     root, data, prompts = offline
     cfg_a, summary_a = run_a
     assert summary_a["steps"] == 8
@@ -232,8 +233,10 @@ def test_resume_after_interrupt_is_exact(offline, model, run_a):
     assert state["step"] == 4
 
     seen.clear()
+    capsys.readouterr()
     summary = train(cfg, model=model, progress=False, on_step=seen.append)
     assert seen == [5, 6, 7, 8]  # resumed after the step-4 checkpoint, not restarted
+    assert "resuming at step 4 from the checkpoint in" in capsys.readouterr().err  # said, even without a bar
     assert summary["steps"] == 8
     assert_same_weights(exported(cfg), exported(cfg_a), atol=1e-6)
     assert summary["eval"][-1]["loss"] == pytest.approx(summary_a["eval"][-1]["loss"], abs=1e-6)
@@ -415,7 +418,7 @@ def test_resume_from_a_save_interrupted_between_renames(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# bad prompt files: errors that name them, before the target loads
+# the data stage in the same call: errors before the target loads, reproducible heads
 
 
 @pytest.fixture
@@ -467,3 +470,44 @@ def test_empty_data_folder_message(tmp_path):
     with pytest.raises(ValueError, match=r"no shards in \S+ \(the data stage of `eagle train` writes them") as err:
         ShardDataset(tmp_path)
     assert "eagle data" not in str(err.value)
+
+
+def test_shard_prompts_is_validated(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text("shard_prompts: 0\n")
+    with pytest.raises(ConfigError, match=r"train\.yaml: shard_prompts must be >= 1"):
+        load_train_config(path)
+    path.write_text("shard_prompts: 5\n")
+    assert load_train_config(path).shard_prompts == 5 and TrainConfig().shard_prompts == 96
+
+
+class ByteTokenizer:
+    """Just enough of a tokenizer for the data stage (no chat template): a token per UTF-8 byte."""
+
+    chat_template = None
+    pad_token_id = 0
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [2 + b % (V - 2) for b in text.encode()]}
+
+
+def test_same_head_whether_data_was_generated_in_the_same_call_or_before(tmp_path):
+    """The data stage samples with the global RNG; the head's init must not inherit its state."""
+    model = tiny_model()
+    model.generation_config.eos_token_id = 1  # the data stage needs an end token
+    n = 12
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i} " * (1 + i % 3)}) + "\n" for i in range(n)))
+    kw = dict(num_prompts=n, gen_batch_size=4, gen_max_new_tokens=10, shard_prompts=5, max_steps=2, heldout_fraction=0.1)
+    first = config(tmp_path, tmp_path / "data", prompts, "first", **kw)
+    train(first, model=model, tok=ByteTokenizer(), progress=False)  # generates the data, then trains
+    manifest = load_manifest(tmp_path / "data")
+    assert manifest["prompts_done"] == n and [s["sequences"] for s in manifest["shards"]] == [5, 5, 2]
+    mtimes = [p.stat().st_mtime_ns for p in (tmp_path / "data").iterdir()]
+    second = config(tmp_path, tmp_path / "data", prompts, "second", **kw)
+    train(second, model=model, tok=ByteTokenizer(), progress=False)  # finds the data there
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "data").iterdir()] == mtimes  # not regenerated
+    a, b = exported(first), exported(second)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

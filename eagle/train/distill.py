@@ -14,6 +14,7 @@ and LM head shared and frozen). One process; checkpoints are atomic and a rerun 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -193,7 +194,7 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
     n_seq = sum(s["sequences"] for s in manifest["shards"])
     pairs = list(zip(ShardDataset(data_cfg.data_dir, load_hidden=False).sequences[:n_seq],
                      load_topk(data_cfg.data_dir, cfg.top_k, manifest)))
-    if cfg.num_prompts:  # one sequence per prompt; shards follow the prompt order (96 prompts a shard)
+    if cfg.num_prompts:  # one sequence per prompt; shards follow the prompt order (shard_prompts a shard)
         if cfg.num_prompts > len(pairs):
             raise ValueError(f"num_prompts {cfg.num_prompts} but {data_cfg.data_dir} holds {len(pairs)} sequences "
                              f"(raise num_prompts in {cfg.data})")
@@ -218,6 +219,7 @@ def distill(cfg: DistillConfig, model=None, tok=None, progress: bool = True, on_
         student.load_state_dict(resumed[0], strict=False)
         opt.load_state_dict(resumed[1]["optimizer"])
         step = resumed[1]["step"]
+        tqdm.write(f"resuming at step {step} from the checkpoint in {ckpt}", file=sys.stderr)
     steps_per_epoch = len(train_seqs) // cfg.batch_size
     total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -39,6 +40,9 @@ class TrainConfig:
     gen_batch_size: int = 32
     gen_max_new_tokens: int = 160
     gen_temperature: float = 0.6
+    # prompts per data shard: the data stage writes (and an interrupted one resumes after) whole shards,
+    # and seeds each shard's sampling by its first prompt, so another size draws other answers
+    shard_prompts: int = 96
     extraction: str = "offline"  # offline: features stored in shards; online: recomputed while training
     # --- head
     draft_vocab_size: int = 8192  # 0 = the full target vocabulary
@@ -67,7 +71,7 @@ class TrainConfig:
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
         check_optimization(self, ("batch_size", "max_seq_len", "unroll", "gen_batch_size", "gen_max_new_tokens",
-                                  "checkpoint_every", "eval_every"))
+                                  "shard_prompts", "checkpoint_every", "eval_every"))
 
 
 def check_optimization(cfg, positive: tuple[str, ...]) -> None:
@@ -308,7 +312,7 @@ def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | No
         if load_manifest(cfg.data_dir)["prompts_done"] < len(prompts):
             generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
                             max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
-                            seed=cfg.seed, store_hidden=cfg.extraction == "offline")
+                            shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=cfg.extraction == "offline")
     run.barrier()
 
 
@@ -335,6 +339,9 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     draft_vocab = None
     if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
         draft_vocab = token_counts(train_set, vocab).topk(cfg.draft_vocab_size).indices.sort().values
+    # the head's random init must not depend on what ran before it (data generated in this call or
+    # an earlier one, a target loaded or passed in): one config, one head
+    torch.manual_seed(cfg.seed)
     head = DraftHead.for_target(model, draft_vocab).to(run.device).float()
     embed = model.get_input_embeddings()
     lm_w = head.lm_weight(model.get_output_embeddings()).detach().float()
@@ -350,6 +357,8 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         head.load_state_dict(resumed[0])
         opt.load_state_dict(resumed[1]["optimizer"])
         step = resumed[1]["step"]
+        if run.main:
+            tqdm.write(f"resuming at step {step} from the checkpoint in {ckpt}", file=sys.stderr)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
     model_ddp = torch.nn.parallel.DistributedDataParallel(head) if run.world > 1 else head
