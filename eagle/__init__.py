@@ -6,20 +6,46 @@ Quick use::
     model, tok = eagle.load_target("smollm2-135m")
     dec = eagle.TreeDecoder.from_config(model, eagle.load_config("experiments/configs/ngram.yaml"))
     out = dec.generate(ids, max_new_tokens=128)
+
+The names below are imported on first use (PEP 562), so ``eagle --help`` and argument errors
+answer without importing torch or transformers.
 """
-from .config import DecodeConfig, load_config
-from .decoder import DecodeStats, GenerationResult, TreeDecoder
-from .draft_model import load_draft_model
-from .fallback import FallbackConfig
-from .head import DraftHead, load_head
-from .kv import SlotCache
-from .models import load_target
-from .runtime import RuntimeConfig
-from .target import Target
-from .tree import Tree
-from .verify import greedy_verify, probs_from_logits, sample_verify, verify
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
-__all__ = ["Tree", "Target", "TreeDecoder", "DecodeStats", "GenerationResult", "DecodeConfig", "load_config",
-           "load_target", "verify", "greedy_verify", "sample_verify", "probs_from_logits", "DraftHead", "load_head",
-           "load_draft_model", "FallbackConfig", "RuntimeConfig", "SlotCache"]
+
+_EXPORTS = {
+    "Tree": "tree", "Target": "target", "TreeDecoder": "decoder", "DecodeStats": "decoder",
+    "GenerationResult": "decoder", "DecodeConfig": "config", "load_config": "config", "load_target": "models",
+    "verify": "verify", "greedy_verify": "verify", "sample_verify": "verify", "probs_from_logits": "verify",
+    "DraftHead": "head", "load_head": "head", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
+    "RuntimeConfig": "runtime", "SlotCache": "kv",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'eagle' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        # importing the submodule eagle.verify binds it on the package; the public name is the function
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

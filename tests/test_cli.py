@@ -193,3 +193,32 @@ def test_no_traceback_from_the_real_entry_point(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
     assert "tree.shape must be one of" in proc.stderr
+
+
+def test_compare_interleaves_plain_and_drafted_runs(tiny_target, capsys, monkeypatch):
+    import eagle.decoder as decoder
+
+    calls, real = [], decoder.TreeDecoder.generate
+
+    def logged(self, ids, n, **kw):
+        calls.append(("plain" if self.drafter.__class__.__name__ == "NoDrafter" else "drafted", n))
+        return real(self, ids, n, **kw)
+
+    monkeypatch.setattr(decoder.TreeDecoder, "generate", logged)
+    code, out, err = run_cli(["generate", "--prompt", "Hi there", "--max-new-tokens", "6", "--target", tiny_target,
+                              "--config", str(ROOT / "experiments/configs/ngram.yaml"), "--compare", "--rounds", "3"],
+                             capsys)
+    assert code == 0, err
+    timed = [who for who, n in calls if n == 6]
+    assert timed == ["drafted", "plain", "plain", "drafted", "drafted", "plain"]  # ABBA: both see the same drift
+    assert "over 3 interleaved rounds (" in out and "(identical to plain)" in out
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    code = ("import sys\nfrom eagle.cli import main\n"
+            "for argv in (['--help'], ['bench', '--help'], ['generate', '--max-new-tokens', '0']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
