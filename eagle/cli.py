@@ -1,6 +1,11 @@
-"""Command line: ``eagle generate`` and ``eagle bench``.
+"""Command line: ``eagle generate`` (stream one answer, ``--compare`` with plain decoding),
+``eagle bench`` (configs vs plain decoding on a prompt set), ``eagle sweep`` (an ablation grid),
+``eagle train`` (self-distilled EAGLE head), ``eagle distill`` (a separate draft model) and
+``eagle head-info`` (a head's size and cost).
 
-Bad input ends with one ``eagle: error: ...`` line and a non-zero exit status, never a traceback.
+Bad input ends with one ``eagle: error: ...`` line and exit status 2, never a traceback; inputs are
+checked before a model is loaded. torch and transformers are imported only inside the commands,
+so ``eagle --help`` and argument errors answer at once.
 """
 from __future__ import annotations
 

@@ -119,7 +119,12 @@ def _split_top(text: str) -> list[str]:
 
 def is_ablation_file(text: str) -> bool:
     """A ``--grid`` argument naming a YAML file rather than ``KEY=V1,V2``."""
-    return text.endswith((".yaml", ".yml")) or ("=" not in text and Path(text).is_file())
+    if "=" not in text:
+        return True
+    try:
+        return Path(text).is_file()
+    except OSError:  # e.g. a name too long for the file system: an axis, not a file
+        return False
 
 
 def load_ablation(path: str | Path) -> SweepSpec:

@@ -3,8 +3,11 @@
 The tree is injected only through what transformers already accepts as forward arguments:
 ``position_ids`` (``prefix_len + depth``), a custom 4-D boolean attention mask (every node sees the
 whole prefix and its own ancestors), and, on CUDA, an extra ``tree_mask`` keyword that reaches our
-registered attention function (the Triton kernel) through transformers' kwargs plumbing. Nothing is
-stored on the model: the cache, mask and positions are arguments of every call.
+registered attention function (the Triton kernel) through transformers' kwargs plumbing. The cache,
+mask and positions are arguments of every call, never attributes of the model. The one change a
+Target makes to the model it is given: with the Triton kernel it selects that registered attention
+implementation (``model.set_attn_implementation``), once, in its constructor; a ``runtime.dtype``
+other than the model's runs a cast copy and leaves the given model untouched.
 """
 from __future__ import annotations
 

@@ -18,32 +18,6 @@ def _script(name: str):
     return mod
 
 
-def _bench_result(speedups: dict[str, float]) -> dict:
-    return {"plain": {"tokens_per_s": 10.0}, "runs": [
-        {"config": n, "alpha": 0.5, "mean_accepted": 1.5, "speedup": s, "tokens_per_s": 10 * s, "plain_steps": 3,
-         "identical_to_plain": 4, "prompts": 4} for n, s in speedups.items()]}
-
-
-def test_temperature_sweep_table_and_plot(tmp_path):
-    ts = _script("temperature_sweep")
-    cfg = from_dict(DecodeConfig, {"name": "ngram", "drafter": {"type": "ngram"}})
-    fb = ts.with_fallback(cfg)
-    assert fb.name == "ngram+fallback" and fb.fallback.enabled and not cfg.fallback.enabled
-    sweep = {"settings": {"prompts": "p.jsonl", "limit": 4, "max_new_tokens": 16, "top_p": 1.0},
-             "results": {"1.5": _bench_result({"ngram": 0.8, "ngram+fallback": 0.93}),
-                         "0.0": _bench_result({"ngram": 1.1, "ngram+fallback": 1.05})}}
-    rows = ts.rows_of(sweep)
-    assert [r["temperature"] for r in rows] == [0.0, 0.0, 1.5, 1.5]  # sorted numerically
-    assert rows[0]["identical"] == 4 and rows[2]["identical"] is None
-    text = ts.table(sweep)
-    assert "| 1.5 | ngram | 0.50 | 1.50 |" in text
-    assert "worst speedup 0.93x (ngram+fallback at temperature 1.5)" in text and "NOT met" in text
-    sweep["results"]["1.5"] = _bench_result({"ngram": 0.8, "ngram+fallback": 0.97})
-    assert "floor 0.95x: met" in ts.table(sweep)
-    ts.plot(sweep, tmp_path / "p.png")
-    assert (tmp_path / "p.png").stat().st_size > 1000
-
-
 def test_cost_curve_paths():
     cc = _script("cost_curve")
     rt = cc.parse_path("static-unpacked")

@@ -193,3 +193,40 @@ def test_shipped_ablations_expand_to_valid_cells(path):
 
 def test_the_ablation_set_covers_the_standard_questions():
     assert {p.stem for p in ABLATIONS} >= {"tree-budget", "depth-topk", "static-vs-dynamic", "temperature", "drafters"}
+
+
+def _documented_sweeps() -> list[tuple[str, str]]:
+    """Every ``eagle sweep`` command in a code block of README.md and docs/*.md."""
+    import re
+
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks, inside = [], False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                inside = not inside
+                blocks.append("")
+            elif inside:
+                blocks[-1] += line + "\n"
+        for block in blocks:
+            text = block.replace("\\\n", " ")
+            for cmd in re.findall(r"eagle sweep (?:[^'\n]|'[^']*')*", text):
+                found.append((doc.name, cmd))
+    return found
+
+
+@pytest.mark.parametrize("doc, cmd", _documented_sweeps())
+def test_documented_sweep_commands_expand(doc, cmd, tmp_path, capsys, monkeypatch):
+    """The docs' sweep commands are valid as written: they get as far as loading the target."""
+    import shlex
+
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(cmd)[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "out")
+    code = main(argv + ["--target", "no-such-model"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown target 'no-such-model'" in err, err
+
+
+def test_docs_have_sweep_commands():
+    assert len(_documented_sweeps()) >= 5
