@@ -22,8 +22,15 @@ $(STAMP): setup.py
 demo: setup
 	$(BIN)/eagle generate --prompt "$(PROMPT)" --config $(DEMO_CONFIG) --max-new-tokens 128 --compare
 
+# the whole suite (CI), on both cores (pytest-xdist; every test runs single-threaded)
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
+
+# the edit-test loop: everything but the tiers marked in pytest.ini (real models, several processes,
+# the PTX assembler, 1e5-sample statistics, inductor compiles)
+FAST := not slow and not multiproc and not ptxas and not statistical and not compile
+test-fast: setup
+	$(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
 
 # the bench table of docs/results.md
 bench: setup

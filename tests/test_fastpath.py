@@ -236,6 +236,7 @@ def test_runtime_dtype_works_on_a_copy(tiny_model):
 
 # ---- compiled steps ------------------------------------------------------------------------------
 
+@pytest.mark.compile
 def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch):
     """torch.compile of a bucket's step (inductor on the CPU) == the eager step; its graph is
     compiled once per bucket and reused; greedy decoding through it == plain eager decoding."""

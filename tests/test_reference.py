@@ -98,16 +98,19 @@ def _first_token_tv(rule, n, K=2, temperature=1.0, seed=0):
     return tv(counts / n, p)
 
 
+@pytest.mark.statistical
 def test_first_token_distribution_matches_target():
     assert _first_token_tv("exact", FIRST_N) < FIRST_THRESHOLD
 
 
 @pytest.mark.parametrize("rule", ["resample_target", "accept_all"])
+@pytest.mark.statistical
 def test_wrong_rules_are_detected(rule):
     """The same check fails for wrong rules, so the exactness test can fail."""
     assert _first_token_tv(rule, WRONG_N) > WRONG_MIN
 
 
+@pytest.mark.statistical
 def test_first_two_tokens_joint_matches_target():
     V, T = 4, 1.0
     target = make_toy_model(V, seed=3)
@@ -147,6 +150,7 @@ def test_expected_tokens_limits():
     assert speedup(0.5, 3, 0.02) < s and speedup(0.5, 5, 0.02) < s
 
 
+@pytest.mark.statistical
 def test_expected_tokens_matches_iid_simulation():
     rng = np.random.default_rng(0)
     n = 200_000

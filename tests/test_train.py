@@ -328,6 +328,7 @@ def _ddp_worker(rank: int, world: int, port: int, cfg_kwargs: dict) -> None:
             dist.destroy_process_group()
 
 
+@pytest.mark.multiproc
 def test_ddp_two_processes_equal_one(offline, model):
     import dataclasses
 

@@ -435,6 +435,7 @@ for arch, dtype, D, T in [(90, torch.bfloat16, 128, 16), (90, torch.bfloat16, 12
 '''
 
 
+@pytest.mark.ptxas
 def test_kernel_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     """The interpreter accepts code the GPU compiler may reject: compile the real kernel (ptxas
     included) for sm_90 / sm_80 at the launch configs, and check half-precision tiles do not spill."""

@@ -307,6 +307,7 @@ N_EXACT = 100_000
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["deterministic-children", "sampled-children"])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.statistical
 def test_sample_verify_preserves_target_distribution(shape, sampled):
     parents = SHAPES[shape]
     t0 = time.perf_counter()
@@ -327,6 +328,7 @@ def test_sample_verify_preserves_target_distribution(shape, sampled):
           f"TV first {tv(f, p1):.4f}, joint {tv(j, joint):.4f}, {stats}")
 
 
+@pytest.mark.statistical
 def test_sample_verify_top_p_distribution():
     """Temperature and nucleus filtering: the emitted token follows the filtered target. The drafted
     (deterministic) children come from an unfiltered draft, so some lie outside the nucleus."""
@@ -378,6 +380,7 @@ def no_residual_verify(tree, logits, temperature, top_p=1.0, generator=None):
 
 @pytest.mark.parametrize("wrong", [accept_all_verify, no_residual_verify], ids=["accept-all", "no-residual"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["deterministic-children", "sampled-children"])
+@pytest.mark.statistical
 def test_wrong_verifiers_are_detected(wrong, sampled):
     N = 10_000  # the real verifier stays < 0.01 at 10x this size (test above)
     first, second, _ = emit_two(wrong, BUSHY, sampled, N, seed=3)
@@ -406,6 +409,7 @@ def _first_token_tv_through_grow_static(choices, n: int, seed: int) -> float:
     return tv(counts / n, p.numpy())
 
 
+@pytest.mark.statistical
 def test_grow_static_sampled_children_exact():
     # consecutive ranks: the children are the first draws without replacement, as the verifier assumes
     assert _first_token_tv_through_grow_static([[0], [1], [2], [0, 0]], 6000, seed=1) < 0.03
@@ -413,5 +417,6 @@ def test_grow_static_sampled_children_exact():
 
 # a rank gap in the choice list: sampled children are still the first draws without replacement
 @pytest.mark.parametrize("choices", [[[0], [2]], [[1]]], ids=["ranks-0-2", "rank-1-only"])
+@pytest.mark.statistical
 def test_grow_static_sampled_children_with_rank_gaps_exact(choices):
     assert _first_token_tv_through_grow_static(choices, 6000, seed=2) < 0.03
