@@ -118,12 +118,16 @@ def _check_output_file(path: str) -> None:
 
 
 def _check_drafters(configs) -> None:
-    """Heads named by the configs are read (config and weight header) before the target loads."""
+    """Heads and distilled draft models named by the configs are read (config and weight header)
+    before the target loads."""
+    from .draft_model import check_draft_model, is_draft_model
     from .head import check_head
 
     for cfg in configs:
         if cfg.drafter.type == "eagle":
             check_head(cfg.drafter.head)
+        elif cfg.drafter.type == "model" and is_draft_model(cfg.drafter.model):
+            check_draft_model(cfg.drafter.model)
 
 
 def _quiet_transformers() -> None:

@@ -23,13 +23,17 @@ from safetensors.torch import load_file, save_file
 
 from .io import replace_dir
 
-__all__ = ["build_draft_model", "save_draft_model", "load_draft_model", "is_draft_model", "DraftModelMismatchError",
-           "shared_weight_names"]
+__all__ = ["build_draft_model", "save_draft_model", "load_draft_model", "check_draft_model", "is_draft_model",
+           "DraftModelError", "DraftModelMismatchError", "shared_weight_names"]
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 
 
-class DraftModelMismatchError(ValueError):
+class DraftModelError(ValueError):
+    """A draft model folder that cannot be read; the message names the file and what is wrong."""
+
+
+class DraftModelMismatchError(DraftModelError):
     """A draft model checkpoint does not fit the target it is loaded onto."""
 
 
@@ -102,6 +106,30 @@ def is_draft_model(folder: str | Path) -> bool:
     return (Path(folder) / "draft.json").is_file()
 
 
+def check_draft_model(folder: str | Path) -> dict:
+    """The ``draft.json`` of a draft model folder, after reading it and the weight file's header
+    (a truncated or corrupt file is found here, before any model is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    if not is_draft_model(folder):
+        raise FileNotFoundError(f"no draft model at {folder} (expected draft.json, config.json, model.safetensors)")
+    try:
+        meta = json.loads((folder / "draft.json").read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise DraftModelError(f"{folder / 'draft.json'}: not valid JSON ({e})") from None
+    missing = [k for k in ("model_type", "hidden_size", "vocab_size", "shared_from_target") if k not in meta]
+    if missing:
+        raise DraftModelError(f"{folder / 'draft.json'}: missing {', '.join(missing)}")
+    weights = folder / "model.safetensors"
+    try:
+        with safe_open(str(weights), "pt"):
+            pass
+    except SafetensorError as e:  # not a ValueError: the CLI would print a traceback
+        raise DraftModelError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
+    return meta
+
+
 def load_draft_model(folder: str | Path, target):
     """Load a :func:`save_draft_model` checkpoint onto ``target`` (same device and dtype, shared
     embedding and LM head). Raises :class:`DraftModelMismatchError` when it was made for a target of
@@ -109,9 +137,7 @@ def load_draft_model(folder: str | Path, target):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
-    if not is_draft_model(folder):
-        raise FileNotFoundError(f"no draft model at {folder} (expected draft.json, config.json, model.safetensors)")
-    meta = json.loads((folder / "draft.json").read_text())
+    meta = check_draft_model(folder)
     tcfg = target.config.get_text_config(decoder=True)
     for key in ("model_type", "hidden_size", "vocab_size"):
         if meta[key] != getattr(tcfg, key):
@@ -120,7 +146,7 @@ def load_draft_model(folder: str | Path, target):
     cfg = AutoConfig.from_pretrained(str(folder))
     impl = "eager" if target.config._attn_implementation == "eager" else "sdpa"
     model = AutoModelForCausalLM.from_config(cfg, dtype=target.dtype, attn_implementation=impl)
-    state = load_file(str(folder / "model.safetensors"))
+    state = load_file(str(folder / "model.safetensors"))  # its header was read by check_draft_model
     missing, unexpected = model.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False)
     missing = [k for k in missing if k not in meta["shared_from_target"]]
     if missing or unexpected:
