@@ -252,7 +252,7 @@ def _sweep_spec(args):
     if not spec.prompts:
         raise UsageError("sweep needs --prompts (or an ablation file with 'prompts')")
     cells = expand(spec.base, axes, spec.temperature, spec.set)
-    spec.lines = spec.lines or default_lines(keys, spec.x)
+    spec.lines = default_lines(keys, spec.x, spec.lines)
     check_plot_keys(cells, keys, spec.x, spec.lines)
     return spec, keys, cells
 

@@ -366,6 +366,7 @@ def format_table(summary: dict, axes: list[str]) -> str:
         lines.append(f"- temperature {t}: plain {b['tokens_per_s']:.2f} tok/s, transformers generate "
                      f"{b['hf_tokens_per_s']:.2f} tok/s")
     cols = [a for a in axes if a != ROOT]
+    same = (lambda c: f"{c['identical_to_plain']}/{c['prompts']}" if c["temperature"] == 0 else "n/a")  # noqa: E731
     lines += ["", "| cell | " + " | ".join(cols) + (" | " if cols else "")
               + "tau | alpha | tok/s | speedup | identical | nodes/step | draft ms | verify ms | other ms |",
               "|---|" + "---|" * len(cols) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -374,7 +375,7 @@ def format_table(summary: dict, axes: list[str]) -> str:
         ms = c["step_ms"]
         lines.append(f"| {c['cell']} | " + (vals + " | " if cols else "")
                      + f"{c['tau']:.2f} | {c['alpha']:.2f} | {c['tokens_per_s']:.2f} | {c['speedup']:.2f}x | "
-                     f"{c['identical_to_plain']}/{c['prompts']} | {c['mean_tree_nodes']:.1f} | {ms['draft']:.1f} | "
+                     f"{same(c)} | {c['mean_tree_nodes']:.1f} | {ms['draft']:.1f} | "
                      f"{ms['verify']:.1f} | {ms['bookkeeping']:.1f} |")
     return "\n".join(lines)
 
@@ -421,12 +422,22 @@ def _line_key(cell: dict, lines: list[str]) -> str:
     return ", ".join(parts) or "all cells"
 
 
-def default_lines(axes: list[str], x: str) -> list[str]:
-    """One line per value of the grid keys other than the one on the x axis (the first key when x
-    is the measured node count)."""
-    if x == NODES:
-        return axes[1:]
-    return [a for a in axes if a != x]
+def default_lines(axes: list[str], x: str, lines: list[str] | None = None) -> list[str]:
+    """The keys whose values make one plot line: ``lines`` (default: none), plus every grid key that
+    is neither on the x axis nor in ``lines`` (with x = the measured node count, the first grid key
+    is taken as the one that sets it), so no line mixes cells that differ in a grid key."""
+    lines = list(lines or [])
+    skip = set(lines) | {x} | ({axes[0]} if x == NODES and axes else set())
+    return lines + [a for a in axes if a not in skip]
+
+
+def _cell_label(cell: dict) -> str:
+    """The cell's grid values, for legends (a ``config`` variant by its name)."""
+    parts = []
+    for k, v in cell["grid"].items():
+        label = Axis(k, []).label(v)
+        parts.append(label if k == ROOT else f"{k}={label}")
+    return " ".join(parts) or cell["cell"]
 
 
 def plot(summary: dict, out: Path, x: str, lines: list[str]) -> list[Path]:
@@ -458,19 +469,22 @@ def plot(summary: dict, out: Path, x: str, lines: list[str]) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, (b1, b2) = plt.subplots(1, 2, figsize=(11, 4))
-    for c in cells:
+    rows = (len(cells) + 1) // 2  # legend rows below the plots, two cells per row
+    fig, (b1, b2) = plt.subplots(1, 2, figsize=(11, 4 + 0.2 * rows))
+    cmap = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
+    for i, c in enumerate(cells):
+        style = dict(color=cmap(i % cmap.N), ls="-" if i < cmap.N else "--", marker="o", ms=3)
         d = c["per_depth_acceptance"]
-        b1.plot(range(1, len(d) + 1), d, "o-", ms=3, label=c["cell"])
+        b1.plot(range(1, len(d) + 1), d, label=_cell_label(c), **style)
         h = c["accepted_hist"]
         total = sum(h) or 1
-        b2.plot(range(len(h)), [v / total for v in h], "o-", ms=3, label=c["cell"])
+        b2.plot(range(len(h)), [v / total for v in h], **style)
     b1.set(xlabel="tree depth d", ylabel="acceptance at depth d", title="per-depth acceptance", ylim=(0, 1.02))
     b2.set(xlabel="drafted tokens accepted in a step", ylabel="fraction of steps", title="accepted length")
     for b in (b1, b2):
         b.grid(alpha=0.3)
-    b2.legend(fontsize=6, ncol=1 + len(cells) // 12, loc="upper right")
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.2 * rows / (4 + 0.2 * rows) + 0.02, 1, 1))
     paths.append(out / "acceptance.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
@@ -481,7 +495,7 @@ def write_outputs(summary: dict, out: str | Path, axes: list[str], x: str = NODE
                   lines: list[str] | None = None) -> list[Path]:
     """``results.json``, ``results.csv``, ``table.md`` and the plots under ``out``."""
     out = Path(out)
-    lines = default_lines(axes, x) if lines is None else lines
+    lines = default_lines(axes, x, lines)
     _write_json(summary, out / "results.json")
     fields, rows = _csv_rows(summary, axes)
     with open(out / "results.csv", "w", newline="") as f:

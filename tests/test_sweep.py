@@ -162,6 +162,17 @@ def test_temperature_axis_runs_one_bench_per_temperature(tiny_target, tmp_path, 
     r = json.loads((out / "results.json").read_text())
     assert set(r["baselines"]) == {"0.0", "1.0"}
     assert [c["temperature"] for c in r["cells"]] == [0.0, 0.0, 1.0, 1.0]
+    rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| ngram[")]
+    assert ["2/2" in row for row in rows] == [True, True, False, False]  # identity is a greedy notion
+    assert all("| n/a |" in row for row in rows[2:])
+
+
+def test_plot_lines_never_mix_grid_values():
+    axes = ["tree.total_tokens", "tree.depth", "drafter.sample"]
+    assert sweep.default_lines(axes, "nodes") == ["tree.depth", "drafter.sample"]  # the first key sets the nodes
+    assert sweep.default_lines(axes, "tree.depth") == ["tree.total_tokens", "drafter.sample"]
+    assert sweep.default_lines(axes, "nodes", ["drafter.sample"]) == ["drafter.sample", "tree.depth"]
+    assert sweep.default_lines(["config"], "nodes", ["tree.shape"]) == ["tree.shape"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -187,7 +198,7 @@ def test_shipped_ablations_expand_to_valid_cells(path):
     _, axes = sweep.SweepSpec().updated(spec)
     cells = sweep.expand(spec.base, axes, spec.temperature, spec.set)
     keys = [a.key for a in axes]
-    sweep.check_plot_keys(cells, keys, spec.x, spec.lines or sweep.default_lines(keys, spec.x))
+    sweep.check_plot_keys(cells, keys, spec.x, sweep.default_lines(keys, spec.x, spec.lines))
     assert len(cells) >= 2 and spec.description and Path(spec.prompts).is_file()
 
 
