@@ -18,7 +18,7 @@ from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.distill import (DistillConfig, cache_target_topk, distill, distill_loss, load_distill_config,
                                  load_topk)
 from eagle.prompts import PromptFileError
-from test_train import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, tiny_model, write_prompts
+from test_train_trainer import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, tiny_model, write_prompts
 
 K = 16
 
