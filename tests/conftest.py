@@ -15,14 +15,17 @@ from eagle.tree import Tree
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 TINY_VOCAB = 128
+TINY_HIDDEN = 64
 GEMMA_WINDOW = 8
 MISTRAL_WINDOW = 12
 
 
-def _tiny_config(arch: str):
+def _tiny_config(arch: str, hidden: int = TINY_HIDDEN, vocab: int = TINY_VOCAB):
+    """The config of every tiny model but :func:`make_tiny_llama`'s: 2 layers, 4 query / 2 KV heads,
+    MLP width 128, no EOS token; ``hidden`` and ``vocab`` vary only in the head-mismatch tests."""
     import transformers as tf
 
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
     if arch == "llama":
@@ -30,7 +33,7 @@ def _tiny_config(arch: str):
     if arch == "qwen2":
         return tf.Qwen2Config(**common)
     if arch == "qwen3":
-        return tf.Qwen3Config(head_dim=16, **common)
+        return tf.Qwen3Config(head_dim=hidden // 4, **common)  # 16 at the default hidden size
     if arch == "mistral":
         # every layer slides, with a window smaller than the prompts used in the tests
         return tf.MistralConfig(sliding_window=MISTRAL_WINDOW, **common)
@@ -47,25 +50,75 @@ def _tiny_config(arch: str):
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, seed: int = 0, logit_scale: float = 30.0, attn: str = "sdpa"):
+def make_tiny_model(arch: str, seed: int = 0, logit_scale: float = 30.0, attn: str = "sdpa",
+                    embed_scale: float = 1.0, layer_scale: float = 1.0, hidden: int = TINY_HIDDEN,
+                    vocab: int = TINY_VOCAB):
     """A 2-layer random model in fp32 with SDPA attention and peaked (well separated) logits.
 
     The LM head is multiplied by ``logit_scale`` so greedy argmax margins are large compared to the
     fp32 noise of different (but mathematically equal) attention layouts. No EOS token is set on the
     model (generation runs to ``max_new_tokens`` unless a test passes one explicitly).
+    ``embed_scale`` multiplies the input embeddings and ``layer_scale`` every layer's output
+    projections (attention ``o_proj`` and MLP ``down_proj``); see :func:`make_tiny_head_target`.
+    A new model on every call (the ``tiny_model`` fixture shares them).
     """
     from transformers import AutoModelForCausalLM
 
-    config = _tiny_config(arch)
+    config = _tiny_config(arch, hidden, vocab)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     with torch.no_grad():
+        if embed_scale != 1.0:
+            model.get_input_embeddings().weight.mul_(embed_scale)
         model.get_output_embeddings().weight.mul_(logit_scale)
+        if layer_scale != 1.0:
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(layer_scale)
+                layer.mlp.down_proj.weight.mul_(layer_scale)
     model.eval()
     model.requires_grad_(False)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     model.generation_config.bos_token_id = 0
+    return model
+
+
+_HEAD_TARGETS: dict = {}
+
+
+def make_tiny_head_target(arch: str = "llama", hidden: int = TINY_HIDDEN, vocab: int = TINY_VOCAB,
+                          layer_scale: float = 3.0, seed: int = 0):
+    """The target of the EAGLE head tests: :func:`make_tiny_model` with embeddings x4, LM head x30.
+
+    ``layer_scale`` multiplies the layers' output projections: the residual stream then mixes the
+    current token's embedding with context, so a "bigram" head (see :func:`bigram_head`) guesses
+    some, but not all, of the target's tokens. Models are cached: tests must not modify them.
+    """
+    key = (arch, hidden, vocab, layer_scale, seed)
+    if key not in _HEAD_TARGETS:
+        _HEAD_TARGETS[key] = make_tiny_model(arch, seed, logit_scale=30.0, embed_scale=4.0, layer_scale=layer_scale,
+                                             hidden=hidden, vocab=vocab)
+    return _HEAD_TARGETS[key]
+
+
+def make_tiny_train_model(seed: int = 0):
+    """The target of the training tests (head trainer, distillation, draft models): a tiny Llama with
+    embeddings x4 and LM head x30. A new model on every call (tests may edit its generation config)."""
+    return make_tiny_model("llama", seed, logit_scale=30.0, embed_scale=4.0)
+
+
+def make_tiny_llama(seed: int = 0):
+    """The target of the Triton kernel integration tests: ``LlamaForCausalLM`` of its own config
+    (vocabulary 96, 256 positions, transformers' default attention and BOS), embeddings x4."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=None, pad_token_id=0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4)  # peaked outputs: greedy margins well above rounding
     return model
 
 

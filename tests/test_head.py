@@ -1,7 +1,8 @@
 """The EAGLE draft head and its drafter: shapes, mask semantics, EAGLE-2 tree growth against slow
 references, the head's KV cache invariant, lossless greedy decoding, checkpoint round trips.
 
-Every model here is a tiny random fp32 model built in this file (no downloads, no real weights).
+Every model here is a tiny random fp32 model (``make_tiny_head_target`` in conftest.py; no downloads,
+no real weights).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import zlib
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import DynamicCache
 
 from eagle import Target, TreeDecoder
 from eagle.draft import Sampling, TreeShape
@@ -24,54 +24,12 @@ from eagle.head import (DraftHead, HeadConfig, HeadError, HeadMismatchError, Hea
                         read_head_config, save_head)
 from eagle.tree import Tree
 
-V = 128
-H = 64
+from conftest import TINY_HIDDEN, TINY_VOCAB, make_tiny_head_target
+
+V = TINY_VOCAB
+H = TINY_HIDDEN
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0]]  # non-uniform
-
-
-def tiny_config(arch: str, hidden: int = H, vocab: int = V):
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    if arch == "qwen3":
-        return Qwen3Config(head_dim=hidden // 4, **common)
-    if arch == "mistral":
-        return MistralConfig(sliding_window=12, **common)
-    raise ValueError(arch)
-
-
-_MODELS: dict = {}
-
-
-def tiny_model(arch: str = "llama", hidden: int = H, vocab: int = V, layer_scale: float = 3.0, seed: int = 0):
-    """A 2-layer random fp32 model with peaked logits (embeddings x4, LM head x30).
-
-    ``layer_scale`` multiplies the layers' output projections: the residual stream then mixes the
-    current token's embedding with context, so a "bigram" head (see :func:`bigram_head`) guesses
-    some, but not all, of the target's tokens. Models are cached: tests must not modify them.
-    """
-    key = (arch, hidden, vocab, layer_scale, seed)
-    if key not in _MODELS:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(tiny_config(arch, hidden, vocab), attn_implementation="sdpa",
-                                                 dtype=torch.float32)
-        with torch.no_grad():
-            model.get_input_embeddings().weight.mul_(4.0)
-            model.get_output_embeddings().weight.mul_(30.0)
-            for layer in model.model.layers:
-                layer.self_attn.o_proj.weight.mul_(layer_scale)
-                layer.mlp.down_proj.weight.mul_(layer_scale)
-        model.eval().requires_grad_(False)
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        model.generation_config.bos_token_id = 0
-        _MODELS[key] = model
-    return _MODELS[key]
 
 
 def random_head(model, seed: int = 1, draft_vocab=None) -> DraftHead:
@@ -115,7 +73,7 @@ def random_tree(T: int, rng: random.Random) -> list[int]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_for_target_shapes_and_parameters(arch):
-    model = tiny_model(arch)
+    model = make_tiny_head_target(arch)
     head = DraftHead.for_target(model).eval()
     assert isinstance(head.layer, type(model.model.layers[0]))
     assert isinstance(head.layer.input_layernorm, torch.nn.Identity)
@@ -170,7 +128,7 @@ def _perturbed_outputs(head, feats, embeds, pos, mask):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_causal_mask_semantics(arch):
-    model = tiny_model(arch)
+    model = make_tiny_head_target(arch)
     head = random_head(model)
     T = 9
     g = torch.Generator().manual_seed(1)
@@ -190,7 +148,7 @@ def test_causal_mask_semantics(arch):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tree_mask_semantics(seed):
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     head = random_head(model)
     rng = random.Random(seed)
     T = 11
@@ -426,7 +384,7 @@ def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
 @pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8),
                                    TreeShape(shape="static", choices=STATIC)], ids=["dynamic", "static"])
 def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
-    model = tiny_model(arch)
+    model = make_tiny_head_target(arch)
     target = Target(model, "reference")
     if head_kind == "bigram":
         head = bigram_head(model)
@@ -460,7 +418,7 @@ def test_reduced_precision_drafter_matches_float32_reference(shape, dtype):
     """The bf16 / fp16 fast path (head fc + layer + draft LM head cast, rotary kept in fp32) drafts
     what the float32 head computes one pair at a time, within the format's rounding; the caller's
     head is left untouched."""
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     target = Target(model, "reference")
     head = random_head(model, seed=3, draft_vocab=torch.tensor(sorted(random.Random(9).sample(range(V), 48))))
     before = {k: v.clone() for k, v in head.state_dict().items()}
@@ -489,7 +447,7 @@ def plain_greedy(arch: str, prompt: torch.Tensor) -> list[int]:
     key = (arch, tuple(prompt.tolist()))
     if key not in _plain:
         with torch.no_grad():
-            out = tiny_model(arch).generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            out = make_tiny_head_target(arch).generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                             do_sample=False, max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0)
         _plain[key] = out[0, len(prompt):].tolist()
     return _plain[key]
@@ -499,7 +457,7 @@ def plain_greedy(arch: str, prompt: torch.Tensor) -> list[int]:
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_eagle_is_lossless(arch, shape, head_kind):
-    model = tiny_model(arch)
+    model = make_tiny_head_target(arch)
     target = Target(model, "reference")
     head = random_head(model) if head_kind == "random" else bigram_head(model)
     dtype = torch.bfloat16 if head_kind.endswith("bf16") else None
@@ -515,7 +473,7 @@ def test_greedy_eagle_is_lossless(arch, shape, head_kind):
 
 
 def test_greedy_eagle_with_draft_vocab_is_lossless():
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     target = Target(model, "reference")
     dv = torch.tensor(sorted(random.Random(5).sample(range(V), 48)))
     head = random_head(model, draft_vocab=dv)
@@ -546,7 +504,7 @@ def _head_config(model, draft_vocab=()) -> HeadConfig:
 
 @pytest.mark.parametrize("with_dv", [False, True])
 def test_checkpoint_round_trip(tmp_path, with_dv):
-    model = tiny_model("qwen3")
+    model = make_tiny_head_target("qwen3")
     dv = torch.tensor(sorted(random.Random(2).sample(range(V), 50))) if with_dv else None
     head = random_head(model, seed=7, draft_vocab=dv)
     folder = tmp_path / "head"
@@ -572,7 +530,7 @@ def test_checkpoint_round_trip(tmp_path, with_dv):
 
 def test_checkpoint_half_precision_storage(tmp_path):
     """A float16 export is half the size and loads back (as float32) to the rounded weights."""
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     head = random_head(model, seed=3)
     save_head(head, tmp_path / "fp32", _head_config(model))
     save_head(head, tmp_path / "fp16", _head_config(model), dtype=torch.float16)
@@ -585,15 +543,15 @@ def test_checkpoint_half_precision_storage(tmp_path):
 
 
 def test_checkpoint_mismatch_raises(tmp_path):
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     folder = tmp_path / "head"
     save_head(random_head(model), folder, _head_config(model))
     with pytest.raises(HeadMismatchError, match=r"hidden size 64.*32"):
-        load_head(folder, tiny_model("llama", hidden=32))
+        load_head(folder, make_tiny_head_target("llama", hidden=32))
     with pytest.raises(HeadMismatchError, match=r"vocabulary of 128.*96"):
-        load_head(folder, tiny_model("llama", vocab=96))
+        load_head(folder, make_tiny_head_target("llama", vocab=96))
     with pytest.raises(HeadMismatchError, match=r"'llama'.*'qwen2'"):
-        load_head(folder, tiny_model("qwen2"))
+        load_head(folder, make_tiny_head_target("qwen2"))
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "nope", model)
     load_head(folder, model)  # the right target still loads
@@ -633,7 +591,7 @@ NOT_A_HEAD = {
 
 @pytest.mark.parametrize("case", list(NOT_A_HEAD))
 def test_not_a_head_is_a_clear_error(tmp_path, case):
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     folder = tmp_path / "head"
     save_head(random_head(model), folder, _head_config(model))
     breaker, message = NOT_A_HEAD[case]
@@ -650,7 +608,7 @@ def test_causal_lm_and_draft_model_folders_are_named_as_such(tmp_path):
     """A model folder passed as a head says what it is and which drafter type takes it."""
     from eagle.draft_model import build_draft_model, save_draft_model
 
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     model.save_pretrained(tmp_path / "lm")
     with pytest.raises(HeadError, match=r"lm: not an EAGLE head \(config\.json has no 'target'\); it looks like a "
                                         r"causal LM folder \(LlamaForCausalLM\): use drafter type 'model'"):
@@ -669,7 +627,7 @@ def test_shipped_draft_model_is_not_a_head():
 
 @pytest.mark.parametrize("cut", ["half", "header", "empty", "garbage"])
 def test_truncated_or_corrupt_weights_are_a_clear_error(tmp_path, cut):
-    model = tiny_model("llama")
+    model = make_tiny_head_target("llama")
     folder = tmp_path / "head"
     save_head(random_head(model), folder, _head_config(model))
     weights = folder / "model.safetensors"
@@ -684,7 +642,7 @@ def test_truncated_or_corrupt_weights_are_a_clear_error(tmp_path, cut):
 
 def test_weights_of_another_shape_are_a_mismatch(tmp_path):
     """A config.json that fits the target over weights that do not (e.g. copied from another head)."""
-    small, model = tiny_model("llama", hidden=32), tiny_model("llama")
+    small, model = make_tiny_head_target("llama", hidden=32), make_tiny_head_target("llama")
     save_head(random_head(small), tmp_path / "small", _head_config(small))
     save_head(random_head(model), tmp_path / "head", _head_config(model))
     (tmp_path / "head" / "model.safetensors").write_bytes((tmp_path / "small" / "model.safetensors").read_bytes())

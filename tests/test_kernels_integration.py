@@ -6,7 +6,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton 
 
 import pytest
 import torch
-import transformers as tf
 
 from eagle.decoder import TreeDecoder
 from eagle.draft.base import Sampling
@@ -17,18 +16,9 @@ from eagle.target import Target
 from eagle.tree import Tree
 from kernels.tree_attention import use_triton
 
+from conftest import make_tiny_llama
+
 pytestmark = pytest.mark.skipif(not use_triton("cpu"), reason="needs TRITON_INTERPRET=1 before triton is imported")
-
-
-def tiny_llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=None, pad_token_id=0)
-    model = tf.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(4)  # peaked outputs: greedy margins well above rounding
-    return model
 
 
 def random_tree(T, vocab, gen):
@@ -37,7 +27,7 @@ def random_tree(T, vocab, gen):
 
 
 def test_verify_forward_kernel_matches_reference():
-    ref_model, ker_model = tiny_llama(), tiny_llama()
+    ref_model, ker_model = make_tiny_llama(), make_tiny_llama()
     ref, ker = Target(ref_model, "reference"), Target(ker_model, "triton")
     assert ker.use_kernel and not ref.use_kernel
     gen = torch.Generator().manual_seed(1)
@@ -55,7 +45,7 @@ def test_verify_forward_kernel_matches_reference():
 
 
 def test_greedy_with_kernel_equals_plain_generate():
-    model = tiny_llama()
+    model = make_tiny_llama()
     prompt = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(2))
     expected = model.generate(prompt[None], max_new_tokens=14, do_sample=False, pad_token_id=0)[0, 12:].tolist()
     head = DraftHead.for_target(model)
@@ -68,7 +58,7 @@ def test_greedy_with_kernel_equals_plain_generate():
 
 def test_head_level_forward_kernel_matches_reference():
     """The head's draft levels (non-square tree masks) give the same tree through the kernel."""
-    model = tiny_llama()
+    model = make_tiny_llama()
     head = DraftHead.for_target(model)
     torch.manual_seed(3)
     with torch.no_grad():

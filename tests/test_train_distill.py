@@ -18,14 +18,16 @@ from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.distill import (DistillConfig, cache_target_topk, distill, distill_loss, load_distill_config,
                                  load_topk)
 from eagle.prompts import PromptFileError
-from test_train_trainer import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, tiny_model, write_prompts
+from test_train_trainer import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, write_prompts
+
+from conftest import make_tiny_train_model
 
 K = 16
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return make_tiny_train_model()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eagle.config import ConfigError
 from eagle.head import DraftHead, load_head
@@ -24,21 +23,11 @@ from eagle.prompts import PromptFileError
 from eagle.train.data import ShardDataset, load_manifest, write_shard
 from eagle.train.trainer import TrainConfig, head_loss, load_train_config, train
 
+from conftest import make_tiny_train_model
+
 V, H = 128, 64
 N_SEQ = 40
 PROMPT_LEN = 5
-
-
-def tiny_model(seed: int = 0):
-    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-                      bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(4.0)
-        model.get_output_embeddings().weight.mul_(30.0)
-    return model.eval().requires_grad_(False)
 
 
 def sequences(n: int = N_SEQ, seed: int = 0) -> list[torch.Tensor]:
@@ -88,7 +77,7 @@ def assert_same_weights(a: dict, b: dict, atol: float) -> None:
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return make_tiny_train_model()
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +309,7 @@ def _ddp_worker(rank: int, world: int, port: int, cfg_kwargs: dict) -> None:
     import torch.distributed as dist
 
     try:
-        train(TrainConfig(**cfg_kwargs), model=tiny_model(), progress=False)
+        train(TrainConfig(**cfg_kwargs), model=make_tiny_train_model(), progress=False)
         # really one rank of a 2-process group (not 2 independent single-process runs)
         assert dist.is_initialized() and dist.get_world_size() == world and dist.get_rank() == rank
     finally:
@@ -494,7 +483,7 @@ class ByteTokenizer:
 
 def test_same_head_whether_data_was_generated_in_the_same_call_or_before(tmp_path):
     """The data stage samples with the global RNG; the head's init must not inherit its state."""
-    model = tiny_model()
+    model = make_tiny_train_model()
     model.generation_config.eos_token_id = 1  # the data stage needs an end token
     n = 12
     prompts = tmp_path / "prompts.jsonl"
