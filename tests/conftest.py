@@ -1,7 +1,13 @@
-"""Shared fixtures: tiny random-config causal LMs of several architectures, random trees."""
+"""Shared fixtures and helpers: the tiny random-config models of every test file (the ``make_tiny_*``
+builders), random trees, tiny EAGLE heads, plain greedy references, the training tests' data,
+the command line, and the real default target of the slow tests."""
 from __future__ import annotations
 
+import json
 import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Triton kernels are tested on the CPU through the interpreter; it must be chosen before anything
 # (transformers included) imports triton.
@@ -12,6 +18,11 @@ import torch
 
 from eagle.draft.base import Drafter
 from eagle.tree import Tree
+
+if TYPE_CHECKING:
+    from eagle import DecodeStats
+    from eagle.head import DraftHead
+    from eagle.train.trainer import TrainConfig
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 TINY_VOCAB = 128
@@ -221,6 +232,210 @@ def tiny_target(tmp_path_factory):
     tf.LlamaForCausalLM(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return str(folder)
+
+
+# ---- tiny EAGLE heads (test_head.py, test_draft_grow.py, test_draft_eagle_head.py) --------------
+
+
+def random_parents_py(T: int, rng: random.Random) -> list[int]:
+    """``parents`` of a random tree drawn with Python's ``random.Random``: parents[i] uniform in [0, i)."""
+    return [-1] + [rng.randrange(i) for i in range(1, T)]
+
+
+def causal_mask(B: int, T: int) -> torch.Tensor:
+    """The plain causal mask ``(B, 1, T, T)`` (True = may attend) of the head's forward."""
+    return torch.ones(T, T, dtype=torch.bool).tril()[None, None].expand(B, 1, T, T)
+
+
+def random_head(model, seed: int = 1, draft_vocab=None) -> DraftHead:
+    """``DraftHead.for_target`` with every weight randomized (not the identity-like init)."""
+    from eagle.head import DraftHead
+
+    torch.manual_seed(seed)
+    head = DraftHead.for_target(model, draft_vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return head.eval()
+
+
+def bigram_head(model, seed: int = 1) -> DraftHead:
+    """A head whose output is mostly the embedding of its input token (plus a little of the feature and
+    of its decoder layer): its drafts are the target's "bigram" guesses, often but not always right."""
+    from eagle.head import DraftHead
+
+    torch.manual_seed(seed)
+    head = DraftHead.for_target(model)
+    h = head.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :h] += torch.eye(h)  # token embedding half
+        head.fc.weight[:, h:] += 0.01 * torch.eye(h)  # feature half: small, but it reaches the K/V
+        head.fc.weight.add_(torch.randn_like(head.fc.weight) * 1e-3)
+        head.layer.self_attn.o_proj.weight.mul_(0.1)
+        head.layer.mlp.down_proj.weight.mul_(0.1)
+    return head.eval()
+
+
+# ---- decoding on the shared tiny Llama (test_decoder.py, test_draft_ngram.py) -------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model):
+    """``(model, Target)`` of the shared tiny Llama (``tiny_model("llama")``), attention "reference"."""
+    from eagle import Target
+
+    model = tiny_model("llama")
+    return model, Target(model, "reference")
+
+
+def prompt_ids(seed: int = 0, n: int = 12) -> torch.Tensor:
+    """``n`` random token ids, a function of ``seed``."""
+    return torch.randint(0, TINY_VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+_PLAIN_GREEDY: dict = {}
+
+
+def plain_greedy(model, prompt: torch.Tensor, n: int = 40, eos=None) -> list[int]:
+    """The ``n`` new tokens of transformers' greedy ``model.generate`` (cached per model and prompt)."""
+    key = (id(model), tuple(prompt.tolist()), n, eos)
+    if key not in _PLAIN_GREEDY:
+        with torch.no_grad():
+            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)
+        _PLAIN_GREEDY[key] = out[0, len(prompt):].tolist()
+    return _PLAIN_GREEDY[key]
+
+
+def check_stats(st: DecodeStats, tokens: list[int], trees: list | None = None):
+    """The invariants of a run's ``DecodeStats`` (and, given the proposed ``trees``, their sizes and depths)."""
+    assert st.new_tokens == len(tokens)
+    assert sum(st.accepted_hist) == st.target_forwards
+    # every step emits (accepted + 1) tokens, the last one possibly cut by EOS / the budget
+    assert sum((a + 1) * h for a, h in enumerate(st.accepted_hist)) >= st.new_tokens - 1
+    assert len(st.depth_tried) == len(st.depth_accepted)
+    assert all(0.0 <= x <= 1.0 for x in st.per_depth_acceptance)
+    assert all(a <= t for a, t in zip(st.depth_accepted, st.depth_tried))
+    # depth_tried is non-increasing (a tree reaching depth d also reaches d - 1)
+    assert all(x >= y for x, y in zip(st.depth_tried, st.depth_tried[1:]))
+    # accepted at depth d == steps that accepted at least d tokens
+    for d in range(len(st.depth_accepted)):
+        assert st.depth_accepted[d] == sum(st.accepted_hist[d + 1:])
+    if trees is not None:
+        assert st.tree_nodes == sum(len(t) for t in trees)
+        assert st.target_forwards == len(trees)
+        assert len(st.depth_tried) == max([int(t.depth.max()) for t in trees] + [0])
+        assert st.depth_tried[:1] == [sum(len(t) > 1 for t in trees)][: len(st.depth_tried)]
+    d = st.as_dict()
+    assert d["new_tokens"] == st.new_tokens and d["target_forwards"] == st.target_forwards
+    assert d["tau"] == st.tau and d["accepted_hist"] == st.accepted_hist
+    assert d["mean_tree_nodes"] == pytest.approx(st.tree_nodes / max(st.target_forwards, 1))
+    assert set(d["time_s"]) == {"prefill", "draft", "verify", "bookkeeping"}
+    assert all(v >= 0 for v in d["time_s"].values())
+
+
+# ---- the training tests' data (test_train_*.py) -------------------------------------------------
+
+
+N_SEQ = 40
+PROMPT_LEN = 5
+
+
+def sequences(n: int = N_SEQ, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` random token sequences of 20-60 tokens, a function of ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, TINY_VOCAB, (int(torch.randint(20, 61, (), generator=g)),), generator=g) for _ in range(n)]
+
+
+@torch.no_grad()
+def features(model, ids: torch.Tensor) -> torch.Tensor:
+    """The model's last hidden states over ``ids``: the features the head is trained on."""
+    return model.get_decoder()(input_ids=ids[None]).last_hidden_state[0]  # (n, H) after the final norm
+
+
+def make_data(root: Path, model, with_hidden: bool = True, manifest: dict | None = None) -> tuple[Path, Path]:
+    """Shards (two of them) + a prompts file of N_SEQ prompts; returns ``(data_dir, prompts)``."""
+    from eagle.train.data import load_manifest, write_shard
+
+    data = root / ("data" if with_hidden else "data-online")
+    seqs = sequences()
+    m = load_manifest(data) if manifest is None else manifest
+    half = N_SEQ // 2
+    for lo, hi in ((0, half), (half, N_SEQ)):
+        hid = [features(model, x) for x in seqs[lo:hi]] if with_hidden else None
+        m = write_shard(data, m, seqs[lo:hi], hid, [PROMPT_LEN] * (hi - lo), prompts_done=hi)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"prompt {i}"}) + "\n" for i in range(N_SEQ)))
+    return data, prompts
+
+
+def train_config(root: Path, data: Path, prompts: Path, name: str, **over) -> TrainConfig:
+    """A validated head-training config on ``data`` / ``prompts`` (8 steps of batch 4 on the tiny target),
+    with its run folder and export under ``root / name``; ``over`` overrides any key."""
+    from eagle.train.trainer import TrainConfig
+
+    kw = dict(target="tiny-llama", prompts=str(prompts), num_prompts=N_SEQ, data_dir=str(data),
+              draft_vocab_size=64, batch_size=4, max_seq_len=64, max_steps=8, lr=3e-3, warmup_steps=2,
+              eval_every=1000, checkpoint_every=1000, heldout_fraction=0.1, seed=0,
+              out_dir=str(root / name / "run"), export=str(root / name / "head"))
+    kw.update(over)
+    cfg = TrainConfig(**kw)
+    cfg.validate()
+    return cfg
+
+
+def exported(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The tensors of the head a training run exported."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(cfg.export) / "model.safetensors"))
+
+
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Fails a test that loads the target: prompt-file errors must come first."""
+    import eagle.models
+
+    monkeypatch.setattr(eagle.models, "load_target", lambda *a, **kw: pytest.fail("the target was loaded"))
+
+
+# each case: (the prompts file's text, None for no file; the error it must give)
+BAD_PROMPTS = {
+    "missing": (None, r"prompts file not found: \S+prompts\.jsonl$"),
+    "empty": ("", r"prompts\.jsonl: empty prompts file"),
+    "blank lines": ("\n  \n", r"prompts\.jsonl: empty prompts file"),
+    "bad json": ('{"prompt": "a"}\n\n{"prompt": "b"\n', r"prompts\.jsonl:3: not valid JSON \(Expecting"),
+    "no prompt": ('{"prompt": "a"}\n{"text": "b"}\n', r"prompts\.jsonl:2: no prompt \(expected a JSON object"),
+    "not an object": ('{"prompt": "a"}\n["b"]\n', r"prompts\.jsonl:2: no prompt"),
+    "bad json list": ('[{"prompt": "a"},\n {"prompt": }]', r"prompts\.jsonl:2: not valid JSON"),
+    "empty json list": ("[]", r"prompts\.jsonl: no prompts"),
+}
+
+
+def write_bad_prompts(path: Path, case: str) -> Path:
+    """Writes the prompts file of a ``BAD_PROMPTS`` case at ``path`` (nothing for "missing")."""
+    if BAD_PROMPTS[case][0] is not None:
+        path.write_text(BAD_PROMPTS[case][0])
+    return path
+
+
+# ---- the command line (test_cli.py, test_bench.py) ----------------------------------------------
+
+
+def write_prompt_lines(path, lines):
+    """Writes ``lines`` (JSON lines) as a prompts file; returns its path as a string."""
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def run_cli(args, capsys):
+    """``eagle`` with ``args`` in this process: ``(exit code, stdout, stderr)``."""
+    from eagle.cli import main
+
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 # ---- the real default target (slow tests) ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The command line: bench contract, generate streaming, and one-line errors for bad input."""
+"""The command line: generate streaming, and one-line errors for bad input (the bench contract is in
+test_bench.py)."""
 import json
 import subprocess
 import sys
@@ -9,67 +10,9 @@ import torch
 
 from eagle.cli import main
 
+from conftest import run_cli, write_prompt_lines
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_prompts(path, lines):
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def run_cli(args, capsys):
-    code = main(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_bench_json_contract(tiny_target, tmp_path, capsys):
-    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
-                                                   json.dumps({"turns": ["Name a color.", "And another?"]}),
-                                                   json.dumps({"prompt": "Count to three."})])
-    out_json = tmp_path / "out.json"
-    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
-                              "--config", str(ROOT / "experiments/configs/self-draft.yaml"), "--limit", "2",
-                              "--max-new-tokens", "12", "--target", tiny_target, "--json", str(out_json)], capsys)
-    assert code == 0, err
-    r = json.loads(out_json.read_text())
-    assert isinstance(r["target"], str) and isinstance(r["device"], str)
-    assert set(r["plain"]) >= {"tokens_per_s", "hf_tokens_per_s", "speedup_vs_hf"}
-    assert r["plain"]["tokens_per_s"] > 0 and r["plain"]["hf_tokens_per_s"] > 0
-    assert r["plain"]["speedup_vs_hf"] == r["plain"]["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
-    assert r["plain"]["identical_to_hf"] == 2  # our plain loop == transformers' greedy generate
-    assert [x["config"] for x in r["runs"]] == ["ngram", "self-draft"]
-    for run in r["runs"]:
-        assert set(run) >= {"config", "mean_accepted", "tokens_per_s", "speedup", "speedup_vs_hf", "identical_to_plain",
-                            "prompts"}
-        assert run["speedup_vs_hf"] == run["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
-        assert run["prompts"] == 2 and run["identical_to_plain"] == 2 and run["mismatches"] == []
-        assert isinstance(run["mean_accepted"], float) and run["speedup"] > 0
-    assert r["runs"][1]["mean_accepted"] > 2  # the oracle drafter accepts (nearly) everything
-    assert "| ngram" in out and "speedup" in out and "vs hf" in out and "plain / generate:" in out
-
-
-def test_bench_lower_precision_against_its_plain_twin(tiny_target, tmp_path, capsys):
-    """A bfloat16 run is compared with plain decoding in bfloat16 (its twin) as well as with the
-    float32 plain loop; mismatches carry the position and the logit margin there."""
-    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
-                                                   json.dumps({"prompt": "Count to three."})])
-    (tmp_path / "plain-bf16.yaml").write_text("runtime: {dtype: bfloat16}\n")
-    (tmp_path / "ngram-bf16.yaml").write_text("drafter: {type: ngram}\nruntime: {dtype: bfloat16}\n")
-    out_json = tmp_path / "out.json"
-    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(tmp_path / "plain-bf16.yaml"),
-                              "--config", str(tmp_path / "ngram-bf16.yaml"), "--max-new-tokens", "10",
-                              "--target", tiny_target, "--json", str(out_json)], capsys)
-    assert code == 0, err
-    plain_bf16, ngram_bf16 = json.loads(out_json.read_text())["runs"]
-    assert "plain_twin" not in plain_bf16  # a plain config is nobody's twin but its own
-    assert ngram_bf16["plain_twin"] == "plain-bf16" and 0 <= ngram_bf16["identical_to_plain_twin"] <= 2
-    assert len(ngram_bf16["mismatches_vs_twin"]) == 2 - ngram_bf16["identical_to_plain_twin"]
-    for run in (plain_bf16, ngram_bf16):
-        assert len(run["mismatches"]) == 2 - run["identical_to_plain"]
-        for m in run["mismatches"] + run.get("mismatches_vs_twin", []):
-            assert m["position"] >= 0 and m["logit_margin"] >= 0
-    assert "identical to plain-bf16 (plain, same precision)" in out
 
 
 def test_generate_streams_and_summarizes(tiny_target, capsys):
@@ -144,7 +87,7 @@ def broken_heads(tmp_path_factory):
 @pytest.mark.parametrize("cmd", ["generate", "bench", "head-info"])
 def test_truncated_head_weights_are_one_line(cmd, broken_heads, tmp_path, capsys):
     head, cfg = broken_heads
-    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
+    prompts = write_prompt_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
     args = {"generate": ["generate", "--prompt", "Hi", "--config", str(cfg)],
             "bench": ["bench", "--prompts", prompts, "--config", str(cfg), "--json", str(tmp_path / "o.json")],
             "head-info": ["head-info", "--head", str(head)]}[cmd]
@@ -160,7 +103,7 @@ def test_head_info_on_a_folder_that_is_not_a_head(capsys):
 
 
 def test_json_naming_a_folder_fails_before_the_bench(tmp_path, capsys):
-    prompts = write_prompts(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
+    prompts = write_prompt_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "Hi"})])
     (tmp_path / "out").mkdir()
     code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
                               "--json", str(tmp_path / "out"), "--target", "no-such-model"], capsys)

@@ -1,43 +1,18 @@
-"""TreeDecoder behaviour: EOS, token budget, stats, seeded sampling, argument checks, n-gram drafting."""
+"""TreeDecoder behaviour: EOS, token budget, stats, seeded sampling, argument checks."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from eagle import DecodeStats, Target, TreeDecoder, load_config
-from eagle.draft import NgramDrafter, NoDrafter, Sampling, SelfDrafter, TreeShape
+from eagle import DecodeStats, Target, TreeDecoder
+from eagle.draft import NgramDrafter, NoDrafter, SelfDrafter, TreeShape
 
-from conftest import TINY_VOCAB, RandomTreeDrafter
+from conftest import TINY_VOCAB, RandomTreeDrafter, check_stats, plain_greedy, prompt_ids
 
 V = TINY_VOCAB
 K = 3
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_model):
-    model = tiny_model("llama")
-    return model, Target(model, "reference")
-
-
-def prompt_ids(seed: int = 0, n: int = 12) -> torch.Tensor:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-_plain: dict = {}
-
-
-def plain_greedy(model, prompt: torch.Tensor, n: int = 40, eos=None) -> list[int]:
-    key = (id(model), tuple(prompt.tolist()), n, eos)
-    if key not in _plain:
-        with torch.no_grad():
-            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)
-        _plain[key] = out[0, len(prompt):].tolist()
-    return _plain[key]
 
 
 def self_chain(target, k: int = K, sample: bool = False):
@@ -126,32 +101,6 @@ def test_max_new_tokens_exact(n, llama):
         assert sum(out.stats.accepted_hist) == out.stats.target_forwards
     if n == 1:
         assert out.stats.target_forwards == 0 and out.stats.tau == 1.0 and out.stats.accepted_hist == []
-
-
-def check_stats(st: DecodeStats, tokens: list[int], trees: list | None = None):
-    assert st.new_tokens == len(tokens)
-    assert sum(st.accepted_hist) == st.target_forwards
-    # every step emits (accepted + 1) tokens, the last one possibly cut by EOS / the budget
-    assert sum((a + 1) * h for a, h in enumerate(st.accepted_hist)) >= st.new_tokens - 1
-    assert len(st.depth_tried) == len(st.depth_accepted)
-    assert all(0.0 <= x <= 1.0 for x in st.per_depth_acceptance)
-    assert all(a <= t for a, t in zip(st.depth_accepted, st.depth_tried))
-    # depth_tried is non-increasing (a tree reaching depth d also reaches d - 1)
-    assert all(x >= y for x, y in zip(st.depth_tried, st.depth_tried[1:]))
-    # accepted at depth d == steps that accepted at least d tokens
-    for d in range(len(st.depth_accepted)):
-        assert st.depth_accepted[d] == sum(st.accepted_hist[d + 1:])
-    if trees is not None:
-        assert st.tree_nodes == sum(len(t) for t in trees)
-        assert st.target_forwards == len(trees)
-        assert len(st.depth_tried) == max([int(t.depth.max()) for t in trees] + [0])
-        assert st.depth_tried[:1] == [sum(len(t) > 1 for t in trees)][: len(st.depth_tried)]
-    d = st.as_dict()
-    assert d["new_tokens"] == st.new_tokens and d["target_forwards"] == st.target_forwards
-    assert d["tau"] == st.tau and d["accepted_hist"] == st.accepted_hist
-    assert d["mean_tree_nodes"] == pytest.approx(st.tree_nodes / max(st.target_forwards, 1))
-    assert set(d["time_s"]) == {"prefill", "draft", "verify", "bookkeeping"}
-    assert all(v >= 0 for v in d["time_s"].values())
 
 
 class Recording:
@@ -300,94 +249,3 @@ def test_2d_input_and_bad_attention(llama):
     assert out.tokens == plain_greedy(model, prompt)[:6]
     with pytest.raises(ValueError):
         Target(model, "flash")
-
-
-# ------------------------------------------------------------------------------------------------
-# n-gram drafting
-# ------------------------------------------------------------------------------------------------
-
-
-def ngram_with_history(history, **kw) -> NgramDrafter:
-    d = NgramDrafter(**kw)
-    d.reset(torch.tensor(history[:1]))
-    d.extend(torch.zeros(len(history) - 1, 4), torch.tensor(history[1:]))
-    assert d.history == list(history)
-    return d
-
-
-def test_ngram_continuations_branches():
-    #          0  1  2  3  4  5  6  7  8  9 10 11 12
-    history = [5, 1, 2, 3, 4, 9, 1, 2, 6, 7, 9, 1, 2]
-    d = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=3)
-    # [9, 1, 2] occurred at 5 -> 6 7 9; [1, 2] also at 1 -> 3 4 9; [2] adds nothing new
-    assert d.continuations() == [[6, 7, 9], [3, 4, 9]]
-    tree = d.propose(2, Sampling())
-    assert tree.tokens.tolist() == [2, 6, 7, 9, 3, 4, 9]
-    assert tree.parents.tolist() == [-1, 0, 1, 2, 0, 4, 5]
-    assert len(tree.children()[0]) == 2
-    # branches caps the number of continuations
-    d1 = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=1)
-    assert d1.continuations() == [[6, 7, 9]]
-    assert d1.propose(2, Sampling()).tokens.tolist() == [2, 6, 7, 9]
-
-
-def test_ngram_shared_prefix_becomes_trie():
-    #          0  1  2  3  4  5  6  7  8  9 10 11
-    history = [1, 2, 6, 7, 0, 1, 2, 6, 8, 0, 1, 2]
-    d = ngram_with_history(history, max_ngram=3, min_ngram=1, depth=3, branches=3)
-    assert d.continuations() == [[6, 8, 0], [6, 7, 0]]
-    tree = d.propose(2, Sampling())
-    assert tree.tokens.tolist() == [2, 6, 8, 0, 7, 0]
-    assert tree.parents.tolist() == [-1, 0, 1, 2, 1, 4]
-    assert tree.children()[1] == [2, 4]  # two branches under the shared first token
-
-
-def test_ngram_most_recent_first_and_min_ngram():
-    history = [3, 4, 8, 3, 4, 9, 9, 4]
-    d = ngram_with_history(history, max_ngram=2, min_ngram=1, depth=2, branches=5)
-    # suffix [9, 4]: no earlier occurrence; [4]: at 4 -> 9 9, at 1 -> 8 3 (most recent first)
-    assert d.continuations() == [[9, 9], [8, 3]]
-    d2 = ngram_with_history(history, max_ngram=2, min_ngram=2, depth=2, branches=5)
-    assert d2.continuations() == []
-    assert d2.propose(4, Sampling()).tokens.tolist() == [4]  # nothing matches: a one-node tree
-
-
-def test_ngram_truncated_continuation_is_not_duplicated():
-    # the most recent match of [7] continues with just [5] (end of history); a longer earlier one
-    # starting with the same token is still added, the truncated prefix is not a separate branch
-    history = [7, 5, 1, 2, 7, 5, 7]
-    d = ngram_with_history(history, max_ngram=1, min_ngram=1, depth=3, branches=4)
-    assert d.continuations() == [[5, 7], [5, 1, 2]]
-    tree = d.propose(7, Sampling())
-    assert tree.tokens.tolist() == [7, 5, 7, 1, 2]
-    assert tree.parents.tolist() == [-1, 0, 1, 1, 3]
-
-
-def test_ngram_decoder_greedy_exact_and_accepts(llama):
-    model, target = llama
-    prompt = prompt_ids(9)
-    n = 60
-    plain = plain_greedy(model, prompt, n=n)
-    cfg = load_config(CONFIGS / "ngram.yaml")
-    dec = TreeDecoder.from_config(target, cfg)
-    assert isinstance(dec.drafter, NgramDrafter) and dec.drafter.branches == 3
-    out = dec.generate(prompt, n)
-    assert out.tokens == plain
-    # the tiny model falls into a loop, which prompt lookup then predicts
-    assert out.stats.tau > 1.2
-    check_stats(out.stats, out.tokens)
-
-
-def test_separate_draft_model_drafter_is_lossless(tiny_model, tmp_path):
-    """drafter.type 'model': a different small LM drafts a chain; output stays plain greedy."""
-    from eagle.config import load_config
-
-    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
-    draft.save_pretrained(tmp_path / "draft")
-    (tmp_path / "c.yaml").write_text(f"drafter:\n  type: model\n  model: {tmp_path / 'draft'}\ntree:\n  shape: chain\n  depth: 3\n")
-    prompt = torch.randint(1, 128, (9,), generator=torch.Generator().manual_seed(5))
-    expected = TreeDecoder(target).generate(prompt, 20).tokens
-    dec = TreeDecoder.from_config(target, load_config(tmp_path / "c.yaml"))
-    out = dec.generate(prompt, 20)
-    assert out.tokens == expected
-    assert out.stats.tree_nodes == 4 * out.stats.target_forwards  # root + a chain of 3 every step

@@ -1,6 +1,7 @@
 """The tree forward, KV compaction and greedy decoding on tiny random models of every supported
 architecture (Llama, Qwen2, Qwen3, Mistral with a sliding window, Gemma-3 mixing sliding and full
-attention layers), compared with plain causal forwards and ``model.generate``."""
+attention layers), compared with plain causal forwards and ``model.generate``; padded buckets, the
+runtime dtype (on a copy of the model) and compiled steps against the plain eager forward."""
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,11 @@ from eagle import Target, TreeDecoder
 from eagle.draft import NoDrafter, SelfDrafter, TreeShape
 from eagle.kv import SlotCache
 from eagle.runtime import RuntimeConfig
+from eagle.target import pad_tree
 from eagle.tree import Tree
 
-from conftest import ARCHS, GEMMA_WINDOW, MISTRAL_WINDOW, TINY_VOCAB, RandomTreeDrafter, random_parents
+from conftest import (ARCHS, GEMMA_WINDOW, MISTRAL_WINDOW, TINY_VOCAB, RandomTreeDrafter, make_random_tree,
+                      random_parents)
 
 V = TINY_VOCAB
 PREFIX = 24  # longer than both sliding windows
@@ -253,3 +256,90 @@ def test_variants_tree_forward_and_greedy(arch, attn, cache_kind, tiny_model):
     for kind in ("self-static", "random"):
         dec = TreeDecoder(target, make_drafter(kind, target, seed=5))
         assert dec.generate(prefix, max_new_tokens=N_NEW).tokens == expected, kind
+
+
+# ------------------------------------------------------------------------------------------------
+# padded buckets
+# ------------------------------------------------------------------------------------------------
+
+
+def test_pad_tree_hides_the_padding():
+    tree = make_random_tree(5, V, torch.Generator().manual_seed(3))
+    tok, dep, anc = pad_tree(tree.tokens, tree.depth, tree.ancestor_mask(), 8)
+    assert tok.shape == (8,) and torch.equal(tok[:5], tree.tokens) and dep[5:].eq(0).all()
+    assert torch.equal(anc[:5, :5], tree.ancestor_mask()) and not anc[:5, 5:].any() and not anc[5:, :5].any()
+    assert anc[5:, 5:].equal(torch.eye(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padded_buckets_equal_unpadded_and_dynamic(arch, tiny_model):
+    """static cache padded to a 64-node bucket == static cache at the tree's own size == dynamic
+    cache, over three rounds of tree forward + commit (random trees, non-contiguous paths)."""
+    model = tiny_model(arch)
+    gen = torch.Generator().manual_seed(ARCHS.index(arch))
+    targets = {"padded": Target(model, "reference", RuntimeConfig(buckets=[64])),
+               "exact": Target(model, "reference", RuntimeConfig(buckets=list(range(1, 65)))),
+               "dynamic": Target(model, "reference", RuntimeConfig(cache="dynamic"))}
+    prefix = torch.randint(0, V, (21,), generator=gen)
+    caches = {k: t.new_cache(128) for k, t in targets.items()}
+    for k, t in targets.items():
+        t.prefill(prefix, caches[k])
+    for rnd in range(3):
+        tree = make_random_tree(int(torch.randint(5, 30, (), generator=gen)), V, gen)
+        outs = {k: t.tree_forward(tree, caches[k]) for k, t in targets.items()}
+        for k in ("padded", "exact"):
+            torch.testing.assert_close(outs[k].logits, outs["dynamic"].logits, atol=1e-4, rtol=0)
+            torch.testing.assert_close(outs[k].hidden, outs["dynamic"].hidden, atol=1e-4, rtol=0)
+        path = tree.path_to(int(torch.randint(0, len(tree), (), generator=gen)))
+        for k in targets:
+            Target.commit(caches[k], len(prefix), path)
+        prefix = torch.cat([prefix, tree.tokens[path]])
+
+
+# ------------------------------------------------------------------------------------------------
+# precision
+# ------------------------------------------------------------------------------------------------
+
+
+def test_runtime_dtype_works_on_a_copy(tiny_model):
+    model = tiny_model("llama")
+    bf = Target(model, "reference", RuntimeConfig(dtype="bfloat16"))
+    assert bf.model is not model and bf.lm_head.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32
+    prompt = torch.arange(3, 20) % V
+    out = TreeDecoder(bf, RandomTreeDrafter(V, seed=2)).generate(prompt, 24)
+    plain = TreeDecoder(bf).generate(prompt, 24)
+    assert out.tokens == plain.tokens  # the tiny model's peaked logits leave bf16 no close calls
+
+
+# ------------------------------------------------------------------------------------------------
+# compiled steps
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.compile
+def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch):
+    """torch.compile of a bucket's step (inductor on the CPU) == the eager step; its graph is
+    compiled once per bucket and reused; greedy decoding through it == plain eager decoding."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = tiny_model("llama")
+    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, V, (20,), generator=gen)
+    ce, cc = eager.new_cache(64), comp.new_cache(64)
+    eager.prefill(prefix, ce)
+    comp.prefill(prefix, cc)
+    for _ in range(3):
+        tree = make_random_tree(int(torch.randint(2, 9, (), generator=gen)), V, gen)
+        a, b = eager.tree_forward(tree, ce), comp.tree_forward(tree, cc)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        path = tree.path_to(len(tree) - 1)
+        Target.commit(ce, len(prefix), path)
+        Target.commit(cc, len(prefix), path)
+        prefix = torch.cat([prefix, tree.tokens[path]])
+    assert list(comp.compile_s) == [8]
+    drafter = RandomTreeDrafter(V, seed=3, max_nodes=8)
+    out = TreeDecoder(comp, drafter).generate(prefix[:10], 20)
+    assert out.tokens == TreeDecoder(eager).generate(prefix[:10], 20).tokens
+    assert list(comp.compile_s) == [8]  # plain steps pad to the same bucket: nothing new compiled

@@ -1,6 +1,6 @@
-"""The distilled draft model: built from target layers, target top-k cache from stored features,
-the KL loss against a dense reference, training lowers held-out KL, exact resume, checkpoint round
-trip with the shared embedding, mismatch errors, lossless greedy decoding as the `model` drafter."""
+"""Distilling a draft model (eagle/train/distill.py): the target's top-k cache from stored features, the
+KL loss against a dense reference, training lowers held-out KL, exact resume, checkpoint round trip
+with the shared embedding, config and prompt-file errors."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,16 +11,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from eagle import TreeDecoder
-from eagle.config import ConfigError, DecodeConfig, from_dict
-from eagle.draft_model import DraftModelMismatchError, build_draft_model, load_draft_model, save_draft_model
+from eagle.config import ConfigError
+from eagle.draft_model import build_draft_model, load_draft_model
+from eagle.prompts import PromptFileError
 from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.distill import (DistillConfig, cache_target_topk, distill, distill_loss, load_distill_config,
                                  load_topk)
-from eagle.prompts import PromptFileError
-from test_train_trainer import BAD_PROMPTS, N_SEQ, PROMPT_LEN, config, features, make_data, no_target_load, write_prompts
 
-from conftest import make_tiny_train_model
+from conftest import BAD_PROMPTS, N_SEQ, make_data, make_tiny_train_model, train_config, write_bad_prompts
 
 K = 16
 
@@ -34,7 +32,7 @@ def model():
 def data(tmp_path_factory, model):
     root = tmp_path_factory.mktemp("distill")
     data_dir, prompts = make_data(root, model)
-    head_cfg = config(root, data_dir, prompts, "head")
+    head_cfg = train_config(root, data_dir, prompts, "head")
     data_yaml = root / "data.yaml"
     data_yaml.write_text(yaml.safe_dump({"target": "tiny-llama", "prompts": str(prompts), "num_prompts": N_SEQ,
                                          "data_dir": str(data_dir)}))
@@ -53,21 +51,6 @@ def dcfg(root: Path, data_yaml: Path, name: str, **over) -> DistillConfig:
 
 
 # ------------------------------------------------------------------------------------------------
-
-
-def test_student_with_all_layers_is_the_target(model):
-    ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(1))
-    student = build_draft_model(model, [0, 1])
-    torch.testing.assert_close(student(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
-    one = build_draft_model(model, [1])
-    assert one.config.num_hidden_layers == 1
-    for (n, p), (_, q) in zip(one.model.layers[0].named_parameters(), model.model.layers[1].named_parameters()):
-        assert torch.equal(p, q), n
-    # embedding and LM head are the target's own tensors (shared, not copies)
-    assert one.get_input_embeddings().weight is model.get_input_embeddings().weight
-    assert one.get_output_embeddings().weight is model.get_output_embeddings().weight
-    with pytest.raises(ValueError, match="init layers"):
-        build_draft_model(model, [2])
 
 
 def test_topk_cache_equals_the_target_distribution(data, model):
@@ -176,21 +159,6 @@ def test_num_prompts_limits_the_data(data, model):
         distill(dcfg(root, data_yaml, "many", num_prompts=N_SEQ + 1, max_steps=1), model, None, progress=False)
 
 
-def test_mismatched_target_is_a_clear_error(data, model, tmp_path):
-    root, _, _ = data
-    student = build_draft_model(model, [0])
-    save_draft_model(student, tmp_path / "d", "tiny-llama")
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    other = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                                                         num_hidden_layers=1, num_attention_heads=4,
-                                                         num_key_value_heads=2))
-    with pytest.raises(DraftModelMismatchError, match="hidden_size"):
-        load_draft_model(tmp_path / "d", other)
-    with pytest.raises(FileNotFoundError):
-        load_draft_model(tmp_path / "nothing", model)
-
-
 def test_config_validation(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("init_layers: []\n")
@@ -201,25 +169,10 @@ def test_config_validation(tmp_path):
         load_distill_config(bad)
 
 
-def test_model_drafter_from_a_distilled_checkpoint_is_lossless(data, model, tmp_path):
-    student = build_draft_model(model, [1])
-    with torch.no_grad():  # a poor draft on purpose: acceptance must not matter for the output
-        for p in student.model.layers.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    save_draft_model(student, tmp_path / "d", "tiny-llama")
-    prompt = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(5))
-    plain = TreeDecoder(model, None, attention="reference").generate(prompt, 40)
-    cfg = from_dict(DecodeConfig, {"drafter": {"type": "model", "model": str(tmp_path / "d")},
-                                   "tree": {"shape": "chain", "depth": 4}, "attention": "reference"})
-    out = TreeDecoder.from_config(model, cfg).generate(prompt, 40)
-    assert out.tokens == plain.tokens
-    assert out.stats.target_forwards < plain.stats.target_forwards  # the draft model is mostly right
-
-
 @pytest.mark.parametrize("case", ["missing", "empty", "bad json", "no prompt"])
 def test_bad_prompts_file_fails_before_the_target_loads(tmp_path, no_target_load, case):
     """The prompts of the head's training config (``data:``) are checked before the target loads."""
-    prompts = write_prompts(tmp_path / "prompts.jsonl", case)
+    prompts = write_bad_prompts(tmp_path / "prompts.jsonl", case)
     data_yaml = tmp_path / "data.yaml"
     data_yaml.write_text(yaml.safe_dump({"target": "tiny-llama", "prompts": str(prompts), "data_dir": str(tmp_path / "d")}))
     with pytest.raises(PromptFileError, match=BAD_PROMPTS[case][1]) as err:

@@ -1,12 +1,15 @@
-"""Tree: derived structure (depth, positions, masks, paths), bit packing, choice lists, select."""
+"""Tree: derived structure (depth, positions, masks, paths), bit packing, choice lists, select; the
+tensor-built ancestors and depths against plain loops."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eagle.tree import Tree, chain_choices, choices_to_parents, pack_bits
+from eagle.tree import Tree, ancestors_from_parents, chain_choices, choices_to_parents, pack_bits
 
-from conftest import make_random_tree, random_parents
+from conftest import TINY_VOCAB, make_random_tree, random_parents
+
+V = TINY_VOCAB
 
 
 # ------------------------------------------------------------------------------------------------
@@ -332,3 +335,44 @@ def test_invalid_shapes_raise():
     with pytest.raises(ValueError):
         Tree(torch.tensor([1, 2]), torch.tensor([-1, 0]), q=torch.full((3, 5), 0.2))
     Tree(torch.tensor([1, 2]), torch.tensor([-1, 0]), q=torch.full((2, 5), 0.2))  # the valid variant
+
+
+# ------------------------------------------------------------------------------------------------
+# tree structure as tensor ops: against plain loops
+# ------------------------------------------------------------------------------------------------
+
+
+def loop_ancestors(parents: list[int]) -> torch.Tensor:
+    """The obvious reference: each node's row is its parent's row plus itself."""
+    T = len(parents)
+    anc = torch.eye(T, dtype=torch.bool)
+    for i in range(1, T):
+        anc[i] |= anc[parents[i]]
+    return anc
+
+
+def loop_depth(parents: list[int]) -> list[int]:
+    d = [0] * len(parents)
+    for i in range(1, len(parents)):
+        d[i] = d[parents[i]] + 1
+    return d
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 16, 33, 64, 100])
+def test_ancestors_and_depth_match_loops(T):
+    gen = torch.Generator().manual_seed(T)
+    for trial in range(5):
+        tree = make_random_tree(T, V, gen, distinct_siblings=False)
+        par = tree.parents.tolist()
+        assert torch.equal(ancestors_from_parents(tree.parents), loop_ancestors(par))
+        assert torch.equal(tree.ancestor_mask(), loop_ancestors(par))
+        assert tree.depth.tolist() == loop_depth(par)
+        assert tree.positions(7).tolist() == [7 + d for d in loop_depth(par)]
+    chain = Tree.chain(list(range(T)))  # the deepest case: T - 1 doublings' worth of distance
+    assert chain.depth.tolist() == list(range(T))
+    assert torch.equal(chain.ancestor_mask(), torch.ones(T, T, dtype=torch.bool).tril())
+
+
+def test_tree_structure_is_computed_once():
+    tree = make_random_tree(20, V, torch.Generator().manual_seed(0))
+    assert tree.ancestor_mask() is tree.ancestor_mask() and tree.depth is tree.depth

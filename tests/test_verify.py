@@ -1,4 +1,5 @@
-"""Verification: greedy tree walk, top-p, and the exactness of stochastic tree verification.
+"""Verification: greedy tree walk (and its tensor version against the walk), top-p, and the exactness
+of stochastic tree verification.
 
 The distribution tests emulate decoding on a tiny vocabulary where the target's next-token
 distribution depends only on the current token (``logits[i] = L[tokens[i]]``), so the exact law of
@@ -14,9 +15,9 @@ import pytest
 import torch
 
 from eagle.tree import Tree
-from eagle.verify import greedy_verify, probs_from_logits, sample_verify, verify
+from eagle.verify import greedy_verify, greedy_verify_reference, probs_from_logits, sample_verify, verify
 
-from conftest import make_random_tree
+from conftest import TINY_VOCAB, make_random_tree
 
 
 def tv(a, b) -> float:
@@ -85,6 +86,34 @@ def test_greedy_verify_random_vs_brute_force(seed):
     path, bonus = greedy_verify(tree, logits)
     assert path == expected
     assert bonus == best[path[-1]]
+
+
+def _logits_following(tree: Tree, node: int, gen: torch.Generator) -> torch.Tensor:
+    """Random logits (T, TINY_VOCAB) whose argmax walks the tree down to ``node`` (then leaves it)."""
+    logits = torch.randn(len(tree), TINY_VOCAB, generator=gen)
+    path = tree.path_to(node)
+    for a, b in zip(path, path[1:]):
+        logits[a, tree.tokens[b]] = 100.0
+    return logits
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_verify_matches_the_walk(seed):
+    gen = torch.Generator().manual_seed(seed)
+    T = int(torch.randint(1, 40, (), generator=gen))
+    # duplicate siblings allowed: the walk takes the first one, so must the tensor version
+    tree = make_random_tree(T, 6 if seed % 2 else TINY_VOCAB, gen, distinct_siblings=bool(seed % 3))
+    target_node = int(torch.randint(0, T, (), generator=gen))
+    for logits in (_logits_following(tree, target_node, gen), torch.randn(T, TINY_VOCAB, generator=gen)):
+        assert greedy_verify(tree, logits) == greedy_verify_reference(tree, logits)
+
+
+def test_greedy_verify_takes_the_first_of_duplicate_siblings():
+    # root 0 -> two children with token 5 (nodes 1, 2); only node 2 has a child
+    tree = Tree.from_lists([9, 5, 5, 7], [-1, 0, 0, 2])
+    logits = torch.zeros(4, TINY_VOCAB)
+    logits[0, 5] = logits[1, 3] = logits[2, 7] = logits[3, 1] = 10.0
+    assert greedy_verify(tree, logits) == greedy_verify_reference(tree, logits) == ([0, 1], 3)
 
 
 def test_verify_rejects_negative_temperature():

@@ -1,0 +1,57 @@
+"""`eagle bench` (eagle/bench.py) through the command line: the JSON contract, and a lower-precision run
+compared with its plain twin."""
+import json
+from pathlib import Path
+
+from conftest import run_cli, write_prompt_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_json_contract(tiny_target, tmp_path, capsys):
+    prompts = write_prompt_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
+                                                   json.dumps({"turns": ["Name a color.", "And another?"]}),
+                                                   json.dumps({"prompt": "Count to three."})])
+    out_json = tmp_path / "out.json"
+    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
+                              "--config", str(ROOT / "experiments/configs/self-draft.yaml"), "--limit", "2",
+                              "--max-new-tokens", "12", "--target", tiny_target, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    r = json.loads(out_json.read_text())
+    assert isinstance(r["target"], str) and isinstance(r["device"], str)
+    assert set(r["plain"]) >= {"tokens_per_s", "hf_tokens_per_s", "speedup_vs_hf"}
+    assert r["plain"]["tokens_per_s"] > 0 and r["plain"]["hf_tokens_per_s"] > 0
+    assert r["plain"]["speedup_vs_hf"] == r["plain"]["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
+    assert r["plain"]["identical_to_hf"] == 2  # our plain loop == transformers' greedy generate
+    assert [x["config"] for x in r["runs"]] == ["ngram", "self-draft"]
+    for run in r["runs"]:
+        assert set(run) >= {"config", "mean_accepted", "tokens_per_s", "speedup", "speedup_vs_hf", "identical_to_plain",
+                            "prompts"}
+        assert run["speedup_vs_hf"] == run["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
+        assert run["prompts"] == 2 and run["identical_to_plain"] == 2 and run["mismatches"] == []
+        assert isinstance(run["mean_accepted"], float) and run["speedup"] > 0
+    assert r["runs"][1]["mean_accepted"] > 2  # the oracle drafter accepts (nearly) everything
+    assert "| ngram" in out and "speedup" in out and "vs hf" in out and "plain / generate:" in out
+
+
+def test_bench_lower_precision_against_its_plain_twin(tiny_target, tmp_path, capsys):
+    """A bfloat16 run is compared with plain decoding in bfloat16 (its twin) as well as with the
+    float32 plain loop; mismatches carry the position and the logit margin there."""
+    prompts = write_prompt_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."}),
+                                                   json.dumps({"prompt": "Count to three."})])
+    (tmp_path / "plain-bf16.yaml").write_text("runtime: {dtype: bfloat16}\n")
+    (tmp_path / "ngram-bf16.yaml").write_text("drafter: {type: ngram}\nruntime: {dtype: bfloat16}\n")
+    out_json = tmp_path / "out.json"
+    code, out, err = run_cli(["bench", "--prompts", prompts, "--config", str(tmp_path / "plain-bf16.yaml"),
+                              "--config", str(tmp_path / "ngram-bf16.yaml"), "--max-new-tokens", "10",
+                              "--target", tiny_target, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    plain_bf16, ngram_bf16 = json.loads(out_json.read_text())["runs"]
+    assert "plain_twin" not in plain_bf16  # a plain config is nobody's twin but its own
+    assert ngram_bf16["plain_twin"] == "plain-bf16" and 0 <= ngram_bf16["identical_to_plain_twin"] <= 2
+    assert len(ngram_bf16["mismatches_vs_twin"]) == 2 - ngram_bf16["identical_to_plain_twin"]
+    for run in (plain_bf16, ngram_bf16):
+        assert len(run["mismatches"]) == 2 - run["identical_to_plain"]
+        for m in run["mismatches"] + run.get("mismatches_vs_twin", []):
+            assert m["position"] >= 0 and m["logit_margin"] >= 0
+    assert "identical to plain-bf16 (plain, same precision)" in out

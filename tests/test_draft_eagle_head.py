@@ -1,0 +1,218 @@
+"""The EAGLE drafter (eagle/draft/eagle_head.py): after every step its head KV cache == the head run over
+all committed pairs, and its drafted scores == the head run along each node's path; the reduced-precision
+fast path; greedy decoding with it is lossless (with and without a draft vocabulary).
+
+Every model here is a tiny random fp32 model (``make_tiny_head_target`` in conftest.py).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from eagle import Target, TreeDecoder
+from eagle.draft import TreeShape
+from eagle.draft.eagle_head import EagleDrafter
+from eagle.tree import Tree
+
+from conftest import TINY_VOCAB, bigram_head, causal_mask, make_tiny_head_target, random_head
+
+V = TINY_VOCAB
+STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0]]  # non-uniform
+
+
+# ------------------------------------------------------------------------------------------------
+# after every step the drafter's head KV cache == the head run over all committed pairs, and the
+# drafted tree's scores == the head run one pair at a time along each node's path
+# ------------------------------------------------------------------------------------------------
+
+
+class CheckedDrafter(EagleDrafter):
+    """Records every ``extend`` and checks the head cache against a fresh recomputation after each
+    ``propose``. With ``dtype`` (a reduced-precision fast path) the recomputation runs the original
+    float32 head (``ref_head``) and compares within ``tol`` (atol = rtol)."""
+
+    def __init__(self, target, head, shape, dtype=None, tol=1e-4):
+        super().__init__(target, head, shape, dtype=dtype)
+        self.ref_head, self.tol = head, tol
+
+    def reset(self, prompt_ids):
+        super().reset(prompt_ids)
+        self.ext_f, self.ext_x, self.checked = [], [], 0
+
+    def extend(self, features, tokens):
+        super().extend(features, tokens)
+        self.ext_f.append(features.clone())
+        self.ext_x.append(tokens.clone())
+
+    def propose(self, root, sampling):
+        tree = super().propose(root, sampling)
+        assert not self.pending_x
+        check_head_cache(self)
+        check_tree_scores(self, tree)
+        return tree
+
+
+def check_head_cache(dr: EagleDrafter) -> None:
+    n = dr.cache.get_seq_length()
+    assert n == sum(len(x) for x in dr.ext_x) == len(dr.history) - 1
+    text = torch.tensor(dr.history[:n])  # tokens at positions 0..n-1
+    nxt = torch.tensor(dr.history[1: n + 1])  # the token after each of them
+    with torch.no_grad():
+        feats = dr.target.base(input_ids=text[None]).last_hidden_state  # (1, n, H)
+        # the decoder hands over the target's true features (from prefill / tree forwards)
+        torch.testing.assert_close(torch.cat(dr.ext_f), feats[0], atol=1e-4, rtol=1e-4)
+        assert torch.equal(torch.cat(dr.ext_x), nxt)
+        fresh = DynamicCache()
+        dr.ref_head(feats, dr.target.embed(nxt)[None], torch.arange(n)[None], causal_mask(1, n), cache=fresh)
+    # the head's slot cache: its first n slots are the committed pairs (drafted slots lie beyond)
+    layer, want = dr.cache.layers[0], fresh.layers[0]
+    got_k, got_v = layer.keys[..., :n, :], layer.values[..., :n, :]
+    assert got_k.shape == want.keys.shape and got_k.dtype == dr.dtype
+    torch.testing.assert_close(got_k.float(), want.keys, atol=dr.tol, rtol=dr.tol)
+    torch.testing.assert_close(got_v.float(), want.values, atol=dr.tol, rtol=dr.tol)
+    dr.checked += 1
+
+
+def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
+    """Each drafted node's score is what running the head one pair at a time (no tree, no cache)
+    over the committed pairs and then the node's path gives: the level-wise tree drafting with its
+    cache and tree masks changes nothing."""
+    n = dr.cache.get_seq_length()
+    text, nxt = torch.tensor(dr.history[:n]), torch.tensor(dr.history[1: n + 1])
+    toks = tree.tokens.tolist()
+    assert toks[0] == dr.history[n]  # the root is the last committed token
+    with torch.no_grad():
+        feats = dr.target.base(input_ids=text[None]).last_hidden_state[0]  # (n, H)
+        pred = {}  # node -> predicted feature after it
+        for node in range(len(tree)):
+            path = tree.path_to(node)
+            f = torch.cat([feats, torch.stack([pred[a] for a in path[:-1]])]) if node else feats
+            x = torch.cat([nxt, torch.tensor([toks[a] for a in path[1:]], dtype=torch.long)])
+            m = len(x)
+            out = dr.ref_head(f[None], dr.target.embed(x)[None], torch.arange(m)[None], causal_mask(1, m))
+            pred[node] = out[0, -1]
+        # draft log-probs are a softmax over the draft vocabulary (all of it when there is none)
+        dv = dr.head.draft_vocab.tolist()
+        lm_w = dr.target.lm_head.weight[dv] if dv else dr.target.lm_head.weight
+        col = {t: i for i, t in enumerate(dv)} if dv else {t: t for t in range(lm_w.shape[0])}
+        par = tree.parents.tolist()
+        for node in range(1, len(tree)):
+            logq = torch.log_softmax((pred[par[node]] @ lm_w.T).float(), dim=-1)
+            want = float(tree.scores[par[node]]) + float(logq[col[toks[node]]])
+            assert float(tree.scores[node]) == pytest.approx(want, abs=10 * dr.tol, rel=dr.tol), node
+
+
+@pytest.mark.parametrize("head_kind", ["bigram", "random", "random-draft-vocab"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8),
+                                   TreeShape(shape="static", choices=STATIC)], ids=["dynamic", "static"])
+def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
+    model = make_tiny_head_target(arch)
+    target = Target(model, "reference")
+    if head_kind == "bigram":
+        head = bigram_head(model)
+    else:
+        dv = torch.tensor(sorted(random.Random(9).sample(range(V), 48))) if head_kind.endswith("vocab") else None
+        head = random_head(model, seed=3, draft_vocab=dv)
+    dr = CheckedDrafter(target, head, shape)
+    prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(3))
+    out = TreeDecoder(target, dr).generate(prompt, 24)
+    st = out.stats
+    assert dr.checked == st.target_forwards
+    if head_kind == "bigram":
+        # drafts are accepted (the cache is then extended by several pairs at once) and rejected
+        # (tree entries must be dropped)
+        assert sum(st.accepted_hist[1:]) >= 3, st.accepted_hist
+        assert sum(st.accepted_hist[:2]) >= 1, st.accepted_hist
+    # after generation: bring in what is pending, then the whole committed text must be in the cache
+    if dr.pending_x:
+        dr.catch_up()
+    check_head_cache(dr)
+    text = prompt.tolist() + out.tokens
+    assert dr.history == text[: len(dr.history)]
+    max_depth = max(len(c) for c in shape.choices) if shape.shape == "static" else shape.depth
+    assert len(dr.history) >= len(text) - (max_depth + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=4, top_k=3, total_tokens=10),
+                                   TreeShape(shape="static", choices=STATIC)], ids=["dynamic", "static"])
+def test_reduced_precision_drafter_matches_float32_reference(shape, dtype):
+    """The bf16 / fp16 fast path (head fc + layer + draft LM head cast, rotary kept in fp32) drafts
+    what the float32 head computes one pair at a time, within the format's rounding; the caller's
+    head is left untouched."""
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=3, draft_vocab=torch.tensor(sorted(random.Random(9).sample(range(V), 48))))
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    dr = CheckedDrafter(target, head, shape, dtype=dtype, tol=0.05)
+    assert dr.head is not head and dr.head.fc.weight.dtype == dtype and dr.lm_w.dtype == dtype
+    assert dr.head.rotary.inv_freq.dtype == torch.float32
+    prompt = torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(5))  # positions > 256
+    out = TreeDecoder(target, dr).generate(prompt, 24)
+    assert dr.checked == out.stats.target_forwards >= 3
+    assert out.tokens == TreeDecoder(target, None).generate(prompt, 24).tokens  # still lossless
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
+
+
+# ------------------------------------------------------------------------------------------------
+# lossless: greedy TreeDecoder + EagleDrafter == plain greedy generate
+# ------------------------------------------------------------------------------------------------
+
+
+SHAPES = {"chain": TreeShape("chain", depth=4),
+          "static": TreeShape("static", choices=STATIC),
+          "dynamic": TreeShape("dynamic", depth=4, top_k=3, total_tokens=10)}
+N_NEW = 40
+_plain: dict = {}
+
+
+def plain_greedy(arch: str, prompt: torch.Tensor) -> list[int]:
+    key = (arch, tuple(prompt.tolist()))
+    if key not in _plain:
+        with torch.no_grad():
+            out = make_tiny_head_target(arch).generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                            do_sample=False, max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0)
+        _plain[key] = out[0, len(prompt):].tolist()
+    return _plain[key]
+
+
+@pytest.mark.parametrize("head_kind", ["random", "bigram", "bigram-bf16"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_eagle_is_lossless(arch, shape, head_kind):
+    model = make_tiny_head_target(arch)
+    target = Target(model, "reference")
+    head = random_head(model) if head_kind == "random" else bigram_head(model)
+    dtype = torch.bfloat16 if head_kind.endswith("bf16") else None
+    accepted = 0
+    for seed, n_prompt in ((0, 5), (1, 13)):
+        prompt = torch.randint(0, V, (n_prompt,), generator=torch.Generator().manual_seed(seed))
+        out = TreeDecoder(target, EagleDrafter(target, head, SHAPES[shape], dtype=dtype)).generate(prompt, N_NEW)
+        assert out.tokens == plain_greedy(arch, prompt), (arch, shape, head_kind, n_prompt)
+        assert out.stats.new_tokens == N_NEW
+        accepted += out.stats.new_tokens - 1 - out.stats.target_forwards
+    if head_kind.startswith("bigram"):  # accepted drafts really happened
+        assert accepted >= 5
+
+
+def test_greedy_eagle_with_draft_vocab_is_lossless():
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    dv = torch.tensor(sorted(random.Random(5).sample(range(V), 48)))
+    head = random_head(model, draft_vocab=dv)
+    prompt = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(4))
+    trees = []
+
+    class Rec(EagleDrafter):
+        def propose(self, root, sampling):
+            trees.append(super().propose(root, sampling))
+            return trees[-1]
+
+    out = TreeDecoder(target, Rec(target, head, SHAPES["dynamic"])).generate(prompt, N_NEW)
+    assert out.tokens == plain_greedy("llama", prompt)
+    allowed = set(dv.tolist())
+    assert all(set(t.tokens[1:].tolist()) <= allowed for t in trees)  # drafts only from the draft vocab
