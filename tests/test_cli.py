@@ -97,6 +97,19 @@ def test_truncated_head_weights_are_one_line(cmd, broken_heads, tmp_path, capsys
     assert list(tmp_path.iterdir()) == [tmp_path / "p.jsonl"]  # nothing written
 
 
+def test_truncated_draft_model_weights_are_one_line(tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "draft"
+    shutil.copytree(ROOT / "draft-models/smollm2-135m-3l", folder)
+    w = folder / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"drafter: {{type: model, model: {folder}}}\ntree: {{shape: chain, depth: 2}}\n")
+    code, out, err = run_cli(["generate", "--prompt", "Hi", "--config", str(cfg), "--target", "no-such-model"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "model.safetensors: truncated or corrupt" in err
+
+
 def test_head_info_on_a_folder_that_is_not_a_head(capsys):
     code, out, err = run_cli(["head-info", "--head", str(ROOT / "draft-models/smollm2-135m-3l")], capsys)
     assert code == 2 and err.count("\n") == 1 and "not an EAGLE head" in err and "drafter type 'model'" in err
