@@ -42,7 +42,7 @@ bench: setup
 		--json experiments/results/bench-smollm2.json
 
 # docs/ablations.md: every experiments/ablations/*.yaml through `eagle sweep` (resumable: a rerun
-# skips finished cells), then the tables and plots collected into one page (~40 min on 2 cores)
+# skips finished cells), then the tables and plots collected into one page (~26 min on 2 cores)
 ABLATIONS := $(sort $(wildcard experiments/ablations/*.yaml))
 ablations: setup
 	@for f in $(ABLATIONS); do \

@@ -59,3 +59,24 @@ def test_ablations_report_collects_tables_plots_and_commands(tmp_path):
     assert "| a | 1.50 |" in doc and "](../results/alpha/tau_speedup.png)" in doc
     assert "acceptance.png" not in doc  # only plots that exist are linked
     assert "## beta" in doc and "Not run yet: `eagle sweep --grid ablations/beta.yaml --out results/beta`" in doc
+
+
+def test_ablations_report_redraws_tables_and_plots_from_results(tmp_path):
+    rep = _script("ablations_report")
+    abl = tmp_path / "ablations"
+    abl.mkdir()
+    (abl / "budget.yaml").write_text("description: Budget.\ngrid: {tree.total_tokens: [4, 8]}\nx: tree.total_tokens\n")
+    cell = lambda n, tau: {"cell": f"c[tree.total_tokens={n}]", "grid": {"tree.total_tokens": n}, "temperature": 0.0,  # noqa: E731
+                           "config": {"tree": {"total_tokens": n}}, "tau": tau, "alpha": 0.5, "tokens_per_s": 10.0,
+                           "speedup": 1.1, "speedup_vs_hf": 1.0, "identical_to_plain": 3, "prompts": 3,
+                           "mean_tree_nodes": n + 1.0, "plain_steps": 0, "per_depth_acceptance": [0.7, 0.4],
+                           "accepted_hist": [2, 3, 1], "step_ms": {"draft": 1.0, "verify": 2.0, "bookkeeping": 0.5}}
+    summary = {"settings": {"target": "t", "max_new_tokens": 8, "top_p": 1.0}, "command": "eagle sweep ...",
+               "baselines": {"0.0": {"tokens_per_s": 9.0, "hf_tokens_per_s": 9.5}}, "cells": [cell(4, 1.9), cell(8, 2.3)]}
+    out = tmp_path / "results" / "budget"
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(__import__("json").dumps(summary))
+    rep.ROOT = tmp_path
+    doc = rep.render([abl / "budget.yaml"], tmp_path / "results", tmp_path / "docs")
+    assert "| c[tree.total_tokens=8] | 8 | 2.30 |" in doc and "3/3" in doc
+    assert (out / "tau_speedup.png").exists() and (out / "acceptance.png").exists() and (out / "results.csv").exists()
