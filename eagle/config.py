@@ -13,7 +13,7 @@ from .fallback import FallbackConfig
 from .models import EMBEDDED
 from .runtime import RuntimeConfig
 
-__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml"]
+__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml", "resolve_path"]
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
@@ -109,7 +109,7 @@ def from_dict(cls, data, where: str = ""):
     return cls(**{k: _check(v, hints[k], where + k) for k, v in data.items()})
 
 
-def _resolve(rel: str, config_path: Path) -> Path:
+def resolve_path(rel: str, config_path: Path) -> Path:
     """A path from a config: as given if it exists, else relative to the config's folder or the
     folders above it (so configs work from any working directory)."""
     p = Path(rel).expanduser()
@@ -150,9 +150,9 @@ def config_from_dict(data, path: str | Path, where: str = "") -> DecodeConfig:
         cfg = from_dict(DecodeConfig, data)
         cfg.validate()
         if cfg.drafter.head:
-            cfg.drafter.head = str(_resolve(cfg.drafter.head, path))
+            cfg.drafter.head = str(resolve_path(cfg.drafter.head, path))
         if cfg.drafter.model and cfg.drafter.model not in EMBEDDED:
-            cfg.drafter.model = str(_resolve(cfg.drafter.model, path))
+            cfg.drafter.model = str(resolve_path(cfg.drafter.model, path))
     except ConfigError as e:
         raise ConfigError(f"{path}{where}: {e}") from None
     return cfg

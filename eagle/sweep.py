@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, DecodeConfig, config_from_dict, read_yaml
+from .config import ConfigError, DecodeConfig, config_from_dict, read_yaml, resolve_path
 
 __all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "load_state", "run_sweep",
            "write_outputs", "format_table"]
@@ -144,20 +144,10 @@ def load_ablation(path: str | Path) -> SweepSpec:
                 raise ConfigError(f"grid key '{key}' needs a non-empty list of values")
         for name in ("base", "prompts"):  # relative to the file's folder or above, like paths inside configs
             if getattr(spec, name):
-                setattr(spec, name, str(_find(getattr(spec, name), path)))
+                setattr(spec, name, str(resolve_path(getattr(spec, name), path)))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return spec
-
-
-def _find(rel: str, near: Path) -> Path:
-    p = Path(rel)
-    if p.is_absolute() or p.exists():
-        return p
-    for base in [near.parent, *near.resolve().parents]:
-        if (base / p).exists():
-            return base / p
-    raise ConfigError(f"path not found: {rel}")
 
 
 def _merge(into: dict, value: dict) -> dict:
@@ -170,7 +160,7 @@ def _merge(into: dict, value: dict) -> dict:
 def _variant(value, near: Path) -> dict:
     """A ``config`` axis value as a mapping: as given, or a config file's contents (named by its stem)."""
     if isinstance(value, str):
-        path = _find(value, near)
+        path = resolve_path(value, near)
         data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a config must be a mapping")
