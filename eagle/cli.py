@@ -199,8 +199,8 @@ def _generate(args) -> None:
         tps = {k: sum(tokens[k]) / sum(times[k]) for k in times}
         per_round = " ".join(f"{(tokens['drafted'][i] / times['drafted'][i]) / (tokens['plain'][i] / times['plain'][i]):.2f}x"
                              for i in range(args.rounds))
-        line += (f" | plain tok/s: {tps['plain']:.1f} | speedup: {tps['drafted'] / tps['plain']:.2f}x over {args.rounds} "
-                 f"interleaved rounds ({per_round})")
+        line += (f" | over {args.rounds} interleaved rounds: plain tok/s {tps['plain']:.1f}, drafted tok/s "
+                 f"{tps['drafted']:.1f} | speedup: {tps['drafted'] / tps['plain']:.2f}x (per round: {per_round})")
         if args.temperature == 0:
             line += " (identical to plain)" if same else " (differs from plain)"
     print(line)

@@ -167,7 +167,7 @@ def test_compare_interleaves_plain_and_drafted_runs(tiny_target, capsys, monkeyp
     assert code == 0, err
     timed = [who for who, n in calls if n == 6]
     assert timed == ["drafted", "plain", "plain", "drafted", "drafted", "plain"]  # ABBA: both see the same drift
-    assert "over 3 interleaved rounds (" in out and "(identical to plain)" in out
+    assert "over 3 interleaved rounds: plain tok/s" in out and "(per round: " in out and "(identical to plain)" in out
 
 
 def test_help_and_argument_errors_do_not_import_torch():
