@@ -438,6 +438,17 @@ def run_cli(args, capsys):
     return code, out.out, out.err
 
 
+def save_tiny_llama_folder(folder, seed: int = 0):
+    """A 1-layer random Llama (vocab 64, hidden 32) saved as a local HF folder, without a tokenizer."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    tf.LlamaForCausalLM(cfg).save_pretrained(folder)
+    return folder
+
+
 # ---- the real default target (slow tests) ---------------------------------------------------------
 
 SHIPPED_PROMPTS = ["Write a Python function that returns the largest of three numbers.",

@@ -3,11 +3,12 @@ import importlib.util
 import json
 
 import pytest
-import torch
 import transformers as tf
 
 import eagle.models as models
 from eagle.models import TargetNotFound, load_model, resolve_target
+
+from conftest import save_tiny_llama_folder
 
 
 def test_missing_wheel_names_the_pip_command(monkeypatch, tmp_path):
@@ -33,10 +34,7 @@ def test_unknown_name_lists_the_embedded_ones():
 
 
 def test_local_folder(tmp_path):
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
-    tf.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    save_tiny_llama_folder(tmp_path / "m")
     model = load_model(str(tmp_path / "m"))
     assert not model.training and not any(p.requires_grad for p in model.parameters())
     assert resolve_target(str(tmp_path / "m")) == tmp_path / "m"
@@ -56,12 +54,6 @@ def test_cached_conversion_is_reused(monkeypatch, tmp_path):
     assert resolve_target("smollm2-135m") == tmp_path / "smollm2-135m"
     assert resolve_target("smollm2-135m") == tmp_path / "smollm2-135m"
     assert len(calls) == 1 and calls[0].suffix == ".gguf"
-
-
-def _tiny_llama(folder):
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
-    tf.LlamaForCausalLM(cfg).save_pretrained(folder)
 
 
 def _save_tokenizer(folder):
@@ -110,7 +102,7 @@ def test_folder_whose_config_is_not_a_model(tmp_path, nothing_loaded, text, why)
 
 def test_draft_model_folder_is_not_a_target(tmp_path, nothing_loaded):
     folder = tmp_path / "draft"
-    _tiny_llama(folder)
+    save_tiny_llama_folder(folder)
     (folder / "draft.json").write_text("{}")
     with pytest.raises(TargetNotFound, match=r"draft is a draft model made by `eagle distill`.*drafter \(type 'model'\)"):
         models.load_target(str(folder))
@@ -118,7 +110,7 @@ def test_draft_model_folder_is_not_a_target(tmp_path, nothing_loaded):
 
 def test_model_folder_without_a_tokenizer(tmp_path, monkeypatch):
     folder = tmp_path / "m"
-    _tiny_llama(folder)
+    save_tiny_llama_folder(folder)
     with monkeypatch.context() as m:
         m.setattr(models, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
         with pytest.raises(TargetNotFound, match=r"m: a model folder without a tokenizer \(none of tokenizer\.json, "):
