@@ -3,21 +3,19 @@ prompts, in one process, reported as ratios against the faster plain decoder."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from .config import DecodeConfig
 from .decoder import DecodeStats, TreeDecoder
+from .io import write_json
 from .prompts import encode_chat
 
-__all__ = ["run_bench", "format_table", "format_compile", "device_name"]
+__all__ = ["run_bench", "format_table", "format_compile", "device_name", "write_json"]
 
 
 def device_name(device: torch.device) -> str:
@@ -115,6 +113,7 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     margins: dict = {}  # (config, prompt) -> target logit margin where the output left plain decoding
     models = {name: dec.target.model for name, dec in decoders.items()}
     bar = tqdm(total=sum(n - len(r) for r in done.values()), desc="bench", unit="run", dynamic_ncols=True)
+    runs = {name: _Run() for name in done}  # the prompts so far, every method (earlier records included)
     # prompts outer, methods inner: a slow spell of the machine hits every method alike
     for i, ids in enumerate(encoded):
         for name, fn in methods:
@@ -130,10 +129,8 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
             if on_record:
                 on_record(name, i, rec)
             bar.update(1)
-        runs = {name: _Run() for name in done}
         for name, recs in done.items():
-            for j in range(i + 1):
-                runs[name].add(recs[j])
+            runs[name].add(recs[i])
         _summarize(result, runs, configs, models | {"": model}, encoded, temperature, margins)
         if on_update:
             on_update(result)
@@ -240,12 +237,3 @@ def format_table(result: dict) -> str:
                 lines.append(f"    prompt {m['prompt']} differs at token {m['position']} "
                              f"({r['plain_twin']}'s logit margin there: {m['logit_margin']:.2e})")
     return "\n".join(lines)
-
-
-def write_json(result: dict, path: str | Path) -> None:
-    """Write atomically, so an interrupted bench never leaves a truncated file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, path)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .io import replace_dir
+from .io import check_safetensors, replace_dir
 
 __all__ = ["build_draft_model", "save_draft_model", "load_draft_model", "check_draft_model", "is_draft_model",
            "DraftModelError", "DraftModelMismatchError", "shared_weight_names"]
@@ -109,8 +109,6 @@ def is_draft_model(folder: str | Path) -> bool:
 def check_draft_model(folder: str | Path) -> dict:
     """The ``draft.json`` of a draft model folder, after reading it and the weight file's header
     (a truncated or corrupt file is found here, before any model is loaded)."""
-    from safetensors import SafetensorError, safe_open
-
     folder = Path(folder)
     if not is_draft_model(folder):
         raise FileNotFoundError(f"no draft model at {folder} (expected draft.json, config.json, model.safetensors)")
@@ -121,12 +119,7 @@ def check_draft_model(folder: str | Path) -> dict:
     missing = [k for k in ("model_type", "hidden_size", "vocab_size", "shared_from_target") if k not in meta]
     if missing:
         raise DraftModelError(f"{folder / 'draft.json'}: missing {', '.join(missing)}")
-    weights = folder / "model.safetensors"
-    try:
-        with safe_open(str(weights), "pt"):
-            pass
-    except SafetensorError as e:  # not a ValueError: the CLI would print a traceback
-        raise DraftModelError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
+    check_safetensors(folder / "model.safetensors", DraftModelError)
     return meta
 
 

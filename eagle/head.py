@@ -16,11 +16,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .io import replace_dir
+from .io import check_safetensors, replace_dir
 
 __all__ = ["DraftHead", "HeadConfig", "load_head", "read_head_config", "check_head", "save_head", "HeadError", "HeadNotFoundError",
            "HeadMismatchError"]
@@ -196,12 +195,7 @@ def check_head(folder: str | Path) -> HeadConfig:
     """:func:`read_head_config` plus a read of the weight file's header (a truncated or corrupt
     file is found here, before any model is loaded): the cheap check a command runs first."""
     cfg = read_head_config(folder)
-    weights = Path(folder) / "model.safetensors"
-    try:
-        with safe_open(str(weights), "pt"):
-            pass
-    except SafetensorError as e:
-        raise HeadError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
+    check_safetensors(Path(folder) / "model.safetensors", HeadError)
     return cfg
 
 
@@ -224,10 +218,8 @@ def load_head(folder: str | Path, model) -> DraftHead:
         raise HeadMismatchError(f"head {folder} was trained for a '{cfg.model_type}' target, this one is "
                                 f"'{tcfg.model_type}'")
     weights = folder / "model.safetensors"
-    try:
-        state = load_file(str(weights))
-    except SafetensorError as e:  # not a ValueError: the CLI would print a traceback
-        raise HeadError(f"{weights}: truncated or corrupt, not a readable safetensors file ({e})") from None
+    check_safetensors(weights, HeadError)
+    state = load_file(str(weights))
     head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)

@@ -1,11 +1,35 @@
-"""Small file-system helpers shared by the checkpoint writers."""
+"""Small file-system helpers shared by the checkpoint and result writers."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
-__all__ = ["replace_dir", "existing_dir"]
+__all__ = ["replace_dir", "existing_dir", "write_json", "check_safetensors"]
+
+
+def write_json(obj, path: str | Path, indent: int = 2) -> None:
+    """Write ``obj`` as JSON atomically (a temporary file renamed into place), so an interruption
+    never leaves a truncated file; the parent folder is created if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=indent))
+    os.replace(tmp, path)
+
+
+def check_safetensors(path: str | Path, error: type[Exception]) -> None:
+    """Read the header of the safetensors file ``path``; a truncated or corrupt file raises
+    ``error`` with one line naming it (safetensors' own error is not a ValueError, so the CLI would
+    print a traceback)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except SafetensorError as e:
+        raise error(f"{path}: truncated or corrupt, not a readable safetensors file ({e})") from None
 
 
 def replace_dir(tmp: Path, folder: Path) -> None:

@@ -17,13 +17,13 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, DecodeConfig, config_from_dict, read_yaml, resolve_path
+from .config import ConfigError, DecodeConfig, config_from_dict, from_dict, read_yaml, resolve_path
+from .io import write_json
 
 __all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "load_state", "run_sweep",
            "write_outputs", "format_table"]
@@ -33,20 +33,21 @@ ROOT = "config"  # an axis of whole-config variants (mappings merged at the root
 NODES = "nodes"  # x axis: tree nodes verified per step, as measured
 
 
+def label(value, key: str = "") -> str:
+    """Short text for one grid value of ``key`` (a named variant by its name, a config file by its stem)."""
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    if key == ROOT and isinstance(value, str):
+        return Path(value).stem
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return str(value)
+
+
 @dataclass
 class Axis:
     key: str
     values: list
-
-    def label(self, value) -> str:
-        """Short text for one value (a named variant by its name, a config file by its stem)."""
-        if isinstance(value, dict) and "name" in value:
-            return str(value["name"])
-        if self.key == ROOT and isinstance(value, str):
-            return Path(value).stem
-        if isinstance(value, (dict, list)):
-            return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
-        return str(value)
 
 
 @dataclass
@@ -129,8 +130,6 @@ def is_ablation_file(text: str) -> bool:
 
 def load_ablation(path: str | Path) -> SweepSpec:
     """Read and check an ablation YAML file (unknown keys and empty grids are errors)."""
-    from .config import from_dict
-
     path = Path(path)
     data = read_yaml(path)
     try:
@@ -175,17 +174,12 @@ def _set(data: dict, key: str, value) -> dict:
     if key == ROOT:
         return _merge(data, value)
     head, _, rest = key.partition(".")
-    out = dict(data)
-    if rest:
-        sub = out.get(head, {})
-        if not isinstance(sub, dict):
-            raise ConfigError(f"grid key '{key}': '{head}' is not a mapping")
-        out[head] = _set(sub, rest, value)
-    elif isinstance(value, dict) and isinstance(out.get(head), dict):
-        out[head] = _merge(out[head], value)
-    else:
-        out[head] = copy.deepcopy(value)
-    return out
+    if not rest:
+        return _merge(data, {head: value})
+    sub = data.get(head, {})
+    if not isinstance(sub, dict):
+        raise ConfigError(f"grid key '{key}': '{head}' is not a mapping")
+    return {**data, head: _set(sub, rest, value)}
 
 
 def expand(base: str | Path, axes: list[Axis], temperature: float = 0.0, fixed: dict | None = None) -> list[Cell]:
@@ -225,11 +219,11 @@ def expand(base: str | Path, axes: list[Axis], temperature: float = 0.0, fixed: 
             else:
                 data = _set(data, axis.key, v)
             if axis.key != ROOT:
-                tags.append(f"{axis.key}={axis.label(v)}")
+                tags.append(f"{axis.key}={label(v, axis.key)}")
         if not named:
             data = {**data, "name": raw["name"]}
         data = {**data, "name": data["name"] + (f"[{' '.join(tags)}]" if tags else "")}
-        where = f" (sweep cell {' '.join(f'{a.key}={a.label(v)}' for a, v in zip(axes, combo))})"
+        where = f" (sweep cell {' '.join(f'{a.key}={label(v, a.key)}' for a, v in zip(axes, combo))})"
         cfg = config_from_dict(data, base, where)
         if cfg.name in names:
             raise ConfigError(f"two sweep cells are both named '{cfg.name}'")
@@ -257,12 +251,6 @@ def check_plot_keys(cells: list[Cell], axes: list[str], x: str, lines: list[str]
 
 def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _write_json(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def sweep_settings(prompts: list[str], max_new_tokens: int, top_p: float, target_name: str, **extra) -> dict:
@@ -323,7 +311,7 @@ def run_sweep(model, tokenizer, prompts: list[str], cells: list[Cell], out: str 
 
         def on_record(method, i, rec, recs=recs):
             recs.setdefault(method, {})[str(i)] = rec
-            _write_json(state, out / "state.json")
+            write_json(state, out / "state.json", indent=1)
 
         res = run_bench(model, tokenizer, prompts, [c.config for c in group], max_new_tokens, t, top_p,
                         target_name=target_name, records=recs, on_record=on_record)
@@ -343,10 +331,6 @@ CSV_FIELDS = ["cell", "temperature", "tau", "alpha", "tokens_per_s", "speedup", 
               "per_depth_acceptance", "accepted_hist"]
 
 
-def _value_text(v) -> str:
-    return Axis("", []).label(v)
-
-
 def format_table(summary: dict, axes: list[str]) -> str:
     """Markdown: the baselines per temperature, then one row per cell."""
     s = summary["settings"]
@@ -361,7 +345,7 @@ def format_table(summary: dict, axes: list[str]) -> str:
               + "tau | alpha | tok/s | speedup | identical | nodes/step | draft ms | verify ms | other ms |",
               "|---|" + "---|" * len(cols) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in summary["cells"]:
-        vals = " | ".join(_value_text(c["grid"].get(a, c["temperature"] if a == TEMPERATURE else "")) for a in cols)
+        vals = " | ".join(label(c["grid"][a]) for a in cols)
         ms = c["step_ms"]
         lines.append(f"| {c['cell']} | " + (vals + " | " if cols else "")
                      + f"{c['tau']:.2f} | {c['alpha']:.2f} | {c['tokens_per_s']:.2f} | {c['speedup']:.2f}x | "
@@ -379,37 +363,29 @@ def _csv_rows(summary: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
                    other_ms=c["step_ms"]["bookkeeping"],
                    per_depth_acceptance=" ".join(f"{a:.4f}" for a in c["per_depth_acceptance"]),
                    accepted_hist=" ".join(map(str, c["accepted_hist"])))
-        row.update({a: _value_text(c["grid"][a]) for a in cols})
+        row.update({a: label(c["grid"][a]) for a in cols})
         rows.append(row)
     return ["cell", *cols, *CSV_FIELDS[1:]], rows
 
 
-def _x_of(cell: dict, x: str) -> float:
-    if x == NODES:
-        return cell["mean_tree_nodes"]
-    if x == TEMPERATURE:
+def _cell_value(cell: dict, key: str):
+    """A cell's value of ``key``: the bench temperature, its grid value, or a dotted key of its config."""
+    if key == TEMPERATURE:
         return cell["temperature"]
-    v = cell["grid"].get(x)
+    v = cell["grid"].get(key)
     if v is None:
-        v = _dotted(cell["config"], x)
-    return float(v)
-
-
-def _dotted(config: dict, key: str):
-    v = config
-    for part in key.split("."):
-        v = v[part]
+        v = cell["config"]
+        for part in key.split("."):
+            v = v[part]
     return v
 
 
+def _x_of(cell: dict, x: str) -> float:
+    return cell["mean_tree_nodes"] if x == NODES else float(_cell_value(cell, x))
+
+
 def _line_key(cell: dict, lines: list[str]) -> str:
-    parts = []
-    for k in lines:
-        v = cell["temperature"] if k == TEMPERATURE else cell["grid"].get(k, None)
-        if v is None:
-            v = _dotted(cell["config"], k)
-        parts.append(f"{k}={_value_text(v)}")
-    return ", ".join(parts) or "all cells"
+    return ", ".join(f"{k}={label(_cell_value(cell, k))}" for k in lines) or "all cells"
 
 
 def default_lines(axes: list[str], x: str, lines: list[str] | None = None) -> list[str]:
@@ -423,10 +399,7 @@ def default_lines(axes: list[str], x: str, lines: list[str] | None = None) -> li
 
 def _cell_label(cell: dict) -> str:
     """The cell's grid values, for legends (a ``config`` variant by its name)."""
-    parts = []
-    for k, v in cell["grid"].items():
-        label = Axis(k, []).label(v)
-        parts.append(label if k == ROOT else f"{k}={label}")
+    parts = [label(v, k) if k == ROOT else f"{k}={label(v, k)}" for k, v in cell["grid"].items()]
     return " ".join(parts) or cell["cell"]
 
 
@@ -486,7 +459,7 @@ def write_outputs(summary: dict, out: str | Path, axes: list[str], x: str = NODE
     """``results.json``, ``results.csv``, ``table.md`` and the plots under ``out``."""
     out = Path(out)
     lines = default_lines(axes, x, lines)
-    _write_json(summary, out / "results.json")
+    write_json(summary, out / "results.json", indent=1)
     fields, rows = _csv_rows(summary, axes)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)

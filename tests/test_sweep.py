@@ -107,21 +107,21 @@ def test_sweep_writes_results_csv_table_and_plots(tiny_target, tmp_path, capsys)
 def test_interrupted_sweep_resumes_and_skips_finished_runs(tiny_target, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     args = _sweep_args(tiny_target, _prompts(tmp_path), out)
-    real_write, writes = sweep._write_json, []
+    real_write, writes = sweep.write_json, []
 
-    def interrupting_write(obj, path):  # stop right after the 7th recorded run is saved
-        real_write(obj, path)
+    def interrupting_write(obj, path, **kw):  # stop right after the 7th recorded run is saved
+        real_write(obj, path, **kw)
         writes.append(1)
         if len(writes) == 7:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep, "_write_json", interrupting_write)
+    monkeypatch.setattr(sweep, "write_json", interrupting_write)
     assert main(args) == 130
     assert "resume" in capsys.readouterr().err
     first = json.loads((out / "state.json").read_text())["records"]["0.0"]
     assert sum(len(v) for v in first.values()) == 7 and not (out / "results.json").exists()
 
-    monkeypatch.setattr(sweep, "_write_json", real_write)
+    monkeypatch.setattr(sweep, "write_json", real_write)
     ran = []
     import eagle.bench as bench
 

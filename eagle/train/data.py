@@ -20,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ..io import write_json
 from ..packed import packer_for
 from ..prompts import PromptFileError, encode_chat
 
@@ -105,9 +106,7 @@ def load_manifest(folder: str | Path) -> dict:
 
 
 def _write_manifest(folder: Path, manifest: dict) -> None:
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, folder / "manifest.json")
+    write_json(manifest, folder / "manifest.json", indent=1)
 
 
 def _packed_decode(model, batch: int):
