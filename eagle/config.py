@@ -11,13 +11,12 @@ import yaml
 from .draft.shape import TreeShape
 from .fallback import FallbackConfig
 from .models import EMBEDDED
-from .runtime import RuntimeConfig
+from .runtime import DTYPES, RuntimeConfig
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml", "resolve_path"]
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "model")
 ATTENTION = ("auto", "triton", "reference")
-DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
 DRAFT_DTYPES = ("",) + DTYPES  # "" = the target's
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RuntimeConfig", "CACHES", "DEFAULT_BUCKETS"]
+__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS"]
 
 CACHES = ("static", "dynamic")
-RUNTIME_DTYPES = ("", "float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
+RUNTIME_DTYPES = ("",) + DTYPES  # "" = the model as loaded
 DEFAULT_BUCKETS = [1, 4, 8, 16, 32, 64]
 
 

@@ -122,7 +122,8 @@ def _inductor_cache_dir() -> None:
 
 
 class Target:
-    """A thin runner around a Hugging Face causal LM; the model itself is never modified.
+    """A thin runner around a Hugging Face causal LM; its weights and modules are never modified (the
+    one setting it may change, the attention implementation, is described in the module docstring).
 
     Args:
         model: an unmodified ``*ForCausalLM`` (Llama, Qwen2/3, Mistral, Gemma-3, ...).
@@ -220,6 +221,14 @@ class Target:
             return build(window)  # e.g. Mistral: every layer slides
         return build(None)
 
+    def _tree_masks(self, anc: torch.Tensor, prefix_len: int, positions: torch.Tensor):
+        """The mask(s) of a tree after ``prefix_len`` cached tokens: node i (``anc (T, T)``,
+        ``positions (T,)``) sees the whole prefix and its own ancestors; keys are ``[prefix | tree]``."""
+        dev = anc.device
+        allowed = torch.cat([torch.ones(anc.shape[0], prefix_len, dtype=torch.bool, device=dev), anc], dim=1)  # (T, P+T)
+        key_pos = torch.cat([torch.arange(prefix_len, device=dev), positions])  # (P+T,)
+        return self._masks(allowed, positions, key_pos)
+
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, cache) -> TreeOutput:
         """Causal forward over ``ids (N,)`` appended to ``cache``; logits of the last position only."""
@@ -254,10 +263,8 @@ class Target:
         tokens = tree.tokens.to(self.device)
         positions = tree.positions(prefix_len).to(self.device)  # (T,)
         extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
-        anc = tree.ancestor_mask().to(self.device)  # (T, T)
-        allowed = torch.cat([torch.ones(len(tree), prefix_len, dtype=torch.bool, device=self.device), anc], dim=1)
-        key_pos = torch.cat([torch.arange(prefix_len, device=self.device), positions])
-        hidden = self._run(tokens, positions, cache, self._masks(allowed, positions, key_pos), **extra)
+        mask = self._tree_masks(tree.ancestor_mask().to(self.device), prefix_len, positions)
+        hidden = self._run(tokens, positions, cache, mask, **extra)
         return TreeOutput(self.logits(hidden), hidden)
 
     def _tree_forward_static(self, tree: Tree, cache: SlotCache) -> TreeOutput:
@@ -276,12 +283,10 @@ class Target:
             key_pos = torch.where(col < P, col, P + depth[rel])  # (C,)
             hidden = self._compiled_step(size)(tokens, positions, self._masks(allowed, positions, key_pos), slots, cache)
         else:
-            allowed = torch.cat([torch.ones(size, P, dtype=torch.bool, device=dev), anc], dim=1)  # (Tb, P + Tb)
-            key_pos = torch.cat([torch.arange(P, device=dev), positions])
             extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
             packed = self.packed is not None and size in self.packed.row_counts
             with self.packed if packed else nullcontext():
-                hidden = self._run(tokens, positions, cache, self._masks(allowed, positions, key_pos),
+                hidden = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions),
                                    cache_slots=slots, cache_kv_len=P + size, **extra)
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
         hidden = hidden[:T]  # (T, H) the padding rows are dropped
