@@ -22,7 +22,7 @@ _EXPORTS = {
     "Tree": "tree", "Target": "target", "TreeDecoder": "decoder", "DecodeStats": "decoder",
     "GenerationResult": "decoder", "DecodeConfig": "config", "load_config": "config", "load_target": "models",
     "verify": "verify", "greedy_verify": "verify", "sample_verify": "verify", "probs_from_logits": "verify",
-    "DraftHead": "head", "load_head": "head", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
+    "DraftHead": "heads", "load_head": "heads", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
     "RuntimeConfig": "runtime", "SlotCache": "kv",
 }
 __all__ = list(_EXPORTS)

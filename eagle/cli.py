@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="self-distil data and train an EAGLE head (torchrun for DDP)")
     t.add_argument("--config", required=True, help="training config YAML")
+    t.add_argument("--data-only", action="store_true",
+                   help="only make (or finish) the self-distilled data of the config, then stop")
 
     d = sub.add_parser("distill", help="distil a small separate draft model from the target (KL on its distributions)")
     d.add_argument("--config", required=True, help="distillation config YAML")
@@ -121,7 +123,7 @@ def _check_drafters(configs) -> None:
     """Heads and distilled draft models named by the configs are read (config and weight header)
     before the target loads."""
     from .draft_model import check_draft_model, is_draft_model
-    from .head import check_head
+    from .heads import check_head
 
     for cfg in configs:
         if cfg.drafter.type == "eagle":
@@ -296,6 +298,12 @@ def _train(args) -> None:
 
     cfg = load_train_config(args.config)
     _quiet_transformers()
+    if args.data_only:
+        from .train.trainer import make_data
+
+        m = make_data(cfg)
+        print(f"{cfg.data_dir}: {m['prompts_done']} prompts, {m['tokens']:,} tokens in {len(m['shards'])} shards")
+        return
     _report_training(cfg, train(cfg), "final heldout loss {loss:.4f}, top-1 accuracy per unroll step {acc}", "head")
 
 
@@ -310,7 +318,7 @@ def _distill(args) -> None:
 
 
 def _head_info(args) -> None:
-    from .head import check_head, load_head
+    from .heads import check_head, load_head
     from .models import load_target
 
     check_head(args.head)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -185,10 +185,11 @@ class TreeDecoder:
         t0 = time.perf_counter()
         # room for the prompt, the answer and the largest bucketed tree (a larger tree grows it)
         cache = target.new_cache(len(ids) + max_new_tokens + target.runtime.buckets[-1])
-        out = target.prefill(ids, cache)
+        layers = drafter.feature_layers  # EAGLE-3: fused low/mid/high target layers, else the final feature
+        out = target.prefill(ids, cache, layers)
         root = self._pick(out.logits[-1], sampling)
         drafter.reset(ids)
-        drafter.extend(out.hidden, torch.cat([ids[1:], ids.new_tensor([root])]))
+        drafter.extend(out.features, torch.cat([ids[1:], ids.new_tensor([root])]))
         stats.prefill_s = time.perf_counter() - t0
         emitted = [root]
         if on_tokens:
@@ -202,7 +203,7 @@ class TreeDecoder:
             tree = drafter.propose(root, sampling) if drafting else Tree.chain([root])
             t1 = time.perf_counter()
             prefix_len = cache.get_seq_length()
-            res = target.tree_forward(tree, cache)
+            res = target.tree_forward(tree, cache, layers)
             t2 = time.perf_counter()
             path, bonus = verify(tree, res.logits, temperature, top_p, gen)
             Target.commit(cache, prefix_len, path)
@@ -221,7 +222,7 @@ class TreeDecoder:
             if on_tokens:
                 on_tokens(new)
             if not done:
-                drafter.extend(res.hidden[path], torch.tensor(new, device=res.hidden.device))
+                drafter.extend(res.features[path], torch.tensor(new, device=res.hidden.device))
                 root = bonus
             t3 = time.perf_counter()
             policy.record(drafting, len(new), t3 - t0)

@@ -107,6 +107,14 @@ def register_tree_attention() -> str:
 class TreeOutput:
     logits: torch.Tensor  # (T, V) float32
     hidden: torch.Tensor  # (T, H) last hidden state after the final norm
+    # (T, k*H): the hidden states entering the requested layers (``layers=``), concatenated
+    # in the order asked (EAGLE-3 reads layers 2, L//2 and L-3); None when none were asked for
+    layers: torch.Tensor | None = None
+
+    @property
+    def features(self) -> torch.Tensor:
+        """What a drafter reads: the requested layers when there are any, else the final feature."""
+        return self.hidden if self.layers is None else self.layers
 
 
 def _inductor_cache_dir() -> None:
@@ -195,10 +203,25 @@ class Target:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, **kwargs) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, layers: tuple[int, ...] | None = None,
+             **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(hidden (T, H), fused (T, k*H) or None)``: the final feature and, when ``layers`` are
+        given, the hidden states entering those layers (transformers' ``hidden_states[i]``: the
+        model records them in the same forward; we only concatenate the ones asked for)."""
         out = self.base(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
-                        cache=cache, use_cache=True, **kwargs)
-        return out.last_hidden_state[0]  # (T, H)
+                        cache=cache, use_cache=True, output_hidden_states=bool(layers), **kwargs)
+        fused = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
+        return out.last_hidden_state[0], fused  # (T, H), (T, k*H)
+
+    def check_layers(self, layers) -> tuple[int, ...] | None:
+        """``layers`` as a tuple of valid ``hidden_states`` indices (0 = embeddings ... L = final)."""
+        if not layers:
+            return None
+        L = self.config.num_hidden_layers
+        bad = [i for i in layers if not 0 <= int(i) <= L]
+        if bad:
+            raise ValueError(f"feature layers {bad} out of range: this target has {L} layers (indices 0..{L})")
+        return tuple(int(i) for i in layers)
 
     def _masks(self, allowed: torch.Tensor, q_pos: torch.Tensor, key_pos: torch.Tensor):
         """The 4-D mask(s) of a forward: ``allowed (T, K)`` bool (True = attend) restricted to each
@@ -230,44 +253,48 @@ class Target:
         return self._masks(allowed, positions, key_pos)
 
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor, cache) -> TreeOutput:
-        """Causal forward over ``ids (N,)`` appended to ``cache``; logits of the last position only."""
+    def prefill(self, ids: torch.Tensor, cache, layers: tuple[int, ...] | None = None) -> TreeOutput:
+        """Causal forward over ``ids (N,)`` appended to ``cache``; logits of the last position only;
+        ``layers``: also return the hidden states entering these layers (see :class:`TreeOutput`)."""
+        layers = self.check_layers(layers)
         if not isinstance(cache, SlotCache):
             start = cache.get_seq_length()
             pos = torch.arange(start, start + len(ids), device=ids.device)
-            hidden = self._run(ids, pos, cache, None)  # (N, H)
-            return TreeOutput(self.logits(hidden[-1:]), hidden)
+            hidden, fused = self._run(ids, pos, cache, None, layers)  # (N, H), (N, k*H)
+            return TreeOutput(self.logits(hidden[-1:]), hidden, fused)
         start, N = cache.length, len(ids)
         cache.reserve(start + N)
         pos = torch.arange(start, start + N, device=ids.device)  # (N,)
         key_pos = torch.arange(start + N, device=ids.device)  # (P + N,)
         allowed = key_pos[None, :] <= pos[:, None]  # (N, P + N) causal
-        hidden = self._run(ids, pos, cache, self._masks(allowed, pos, key_pos), cache_slots=pos,
-                           cache_kv_len=start + N)
+        hidden, fused = self._run(ids, pos, cache, self._masks(allowed, pos, key_pos), layers, cache_slots=pos,
+                                  cache_kv_len=start + N)
         cache.advance(N)
-        return TreeOutput(self.logits(hidden[-1:]), hidden)
+        return TreeOutput(self.logits(hidden[-1:]), hidden, fused)
 
     @torch.no_grad()
-    def tree_forward(self, tree: Tree, cache) -> TreeOutput:
+    def tree_forward(self, tree: Tree, cache, layers: tuple[int, ...] | None = None) -> TreeOutput:
         """ONE forward over all T tree nodes after the cached prefix.
 
         Node i is placed at position ``prefix_len + depth[i]`` and attends to the whole prefix plus
         its own ancestors (and itself), which makes its output identical to a plain causal forward
         over ``prefix + path_to(i)``. A ``DynamicCache`` gets T entries appended; a
         :class:`~eagle.kv.SlotCache` gets them written at slots ``prefix_len + i`` (its committed
-        length does not move until :meth:`commit`), with the tree padded to its bucket.
+        length does not move until :meth:`commit`), with the tree padded to its bucket. ``layers``:
+        also return the hidden states entering these layers, from the same forward.
         """
+        layers = self.check_layers(layers)
         if isinstance(cache, SlotCache):
-            return self._tree_forward_static(tree, cache)
+            return self._tree_forward_static(tree, cache, layers)
         prefix_len = cache.get_seq_length()
         tokens = tree.tokens.to(self.device)
         positions = tree.positions(prefix_len).to(self.device)  # (T,)
         extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
         mask = self._tree_masks(tree.ancestor_mask().to(self.device), prefix_len, positions)
-        hidden = self._run(tokens, positions, cache, mask, **extra)
-        return TreeOutput(self.logits(hidden), hidden)
+        hidden, fused = self._run(tokens, positions, cache, mask, layers, **extra)
+        return TreeOutput(self.logits(hidden), hidden, fused)
 
-    def _tree_forward_static(self, tree: Tree, cache: SlotCache) -> TreeOutput:
+    def _tree_forward_static(self, tree: Tree, cache: SlotCache, layers: tuple[int, ...] | None) -> TreeOutput:
         P, T, dev = cache.length, len(tree), self.device
         size = self.runtime.bucket(T)
         tokens, depth, anc = pad_tree(tree.tokens.to(dev), tree.depth.to(dev), tree.ancestor_mask().to(dev), size)
@@ -281,27 +308,28 @@ class Target:
             in_tree = (col >= P) & (col < P + size)
             allowed = (col < P)[None, :] | (in_tree[None, :] & anc[:, rel])  # (Tb, C)
             key_pos = torch.where(col < P, col, P + depth[rel])  # (C,)
-            hidden = self._compiled_step(size)(tokens, positions, self._masks(allowed, positions, key_pos), slots, cache)
+            hidden, fused = self._compiled_step(size, layers)(tokens, positions, self._masks(allowed, positions, key_pos),
+                                                              slots, cache)
         else:
             extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
             packed = self.packed is not None and size in self.packed.row_counts
             with self.packed if packed else nullcontext():
-                hidden = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions),
-                                   cache_slots=slots, cache_kv_len=P + size, **extra)
+                hidden, fused = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions), layers,
+                                          cache_slots=slots, cache_kv_len=P + size, **extra)
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
         hidden = hidden[:T]  # (T, H) the padding rows are dropped
-        return TreeOutput(self.logits(hidden), hidden)
+        return TreeOutput(self.logits(hidden), hidden, None if fused is None else fused[:T])
 
-    def _compiled_step(self, size: int):
+    def _compiled_step(self, size: int, layers: tuple[int, ...] | None = None):
         """The compiled forward of a ``size``-node step (compiled on its first call, then reused;
         the first call's time is recorded in ``compile_s``)."""
-        if size in self._steps:
-            return self._steps[size]
+        if (size, layers) in self._steps:
+            return self._steps[(size, layers)]
         _inductor_cache_dir()
         mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPU
 
         def step(tokens, positions, masks, slots, cache):
-            return self._run(tokens, positions, cache, masks, cache_slots=slots)
+            return self._run(tokens, positions, cache, masks, layers, cache_slots=slots)
 
         compiled = torch.compile(step, dynamic=False, mode=mode)
 
@@ -309,7 +337,7 @@ class Target:
             t0 = time.perf_counter()
             out = compiled(*args)
             self.compile_s[size] = time.perf_counter() - t0
-            self._steps[size] = compiled
+            self._steps[(size, layers)] = compiled
             return out
 
         return first_call

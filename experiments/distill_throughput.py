@@ -37,7 +37,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 outs = list(data._generate_batch(model, tok, prompts, args.max_new_tokens, 0.6, 0.95, eos, eos))
                 dt = time.perf_counter() - t0
-                n = sum(len(ids) - pl for ids, _, pl in outs)
+                n = sum(len(ids) - pl for ids, _, _, pl in outs)
                 print(f"| {mode} {r + 1} | {n} | {dt:.1f} | {n / dt:.1f} |", flush=True)
                 if ref is None:
                     ref = outs

@@ -21,7 +21,7 @@ from eagle.tree import Tree
 
 if TYPE_CHECKING:
     from eagle import DecodeStats
-    from eagle.head import DraftHead
+    from eagle.heads import DraftHead
     from eagle.train.trainer import TrainConfig
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
@@ -234,7 +234,7 @@ def tiny_target(tmp_path_factory):
     return str(folder)
 
 
-# ---- tiny EAGLE heads (test_head.py, test_draft_grow.py, test_draft_eagle_head.py) --------------
+# ---- tiny EAGLE heads (test_heads_eagle.py, test_draft_grow.py, test_heads_drafter.py) --------------
 
 
 def random_parents_py(T: int, rng: random.Random) -> list[int]:
@@ -249,7 +249,7 @@ def causal_mask(B: int, T: int) -> torch.Tensor:
 
 def random_head(model, seed: int = 1, draft_vocab=None) -> DraftHead:
     """``DraftHead.for_target`` with every weight randomized (not the identity-like init)."""
-    from eagle.head import DraftHead
+    from eagle.heads import DraftHead
 
     torch.manual_seed(seed)
     head = DraftHead.for_target(model, draft_vocab)
@@ -262,7 +262,7 @@ def random_head(model, seed: int = 1, draft_vocab=None) -> DraftHead:
 def bigram_head(model, seed: int = 1) -> DraftHead:
     """A head whose output is mostly the embedding of its input token (plus a little of the feature and
     of its decoder layer): its drafts are the target's "bigram" guesses, often but not always right."""
-    from eagle.head import DraftHead
+    from eagle.heads import DraftHead
 
     torch.manual_seed(seed)
     head = DraftHead.for_target(model)

@@ -9,9 +9,9 @@ import torch
 
 from eagle.decoder import TreeDecoder
 from eagle.draft.base import Sampling
-from eagle.draft.eagle_head import EagleDrafter
+from eagle.heads.drafter import EagleDrafter
 from eagle.draft.shape import TreeShape
-from eagle.head import DraftHead
+from eagle.heads import DraftHead
 from eagle.target import Target
 from eagle.tree import Tree
 from kernels.tree_attention import use_triton

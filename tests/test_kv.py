@@ -43,9 +43,9 @@ def test_generate_never_reallocates_the_cache(tiny_model):
     ptrs = []
     real = target.tree_forward
 
-    def spy(tree, cache):
+    def spy(tree, cache, layers=None):
         ptrs.append((cache.layers[0].keys.data_ptr() if cache.layers[0].is_initialized else None, cache.capacity))
-        return real(tree, cache)
+        return real(tree, cache, layers)
 
     target.tree_forward = spy
     TreeDecoder(target, RandomTreeDrafter(V, seed=1, max_nodes=12)).generate(torch.arange(1, 30) % V, 40)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle.head import load_head
+from eagle.heads import load_head
 
 from conftest import shipped_config_mean_tau
 

@@ -85,6 +85,42 @@ def test_tree_forward_matches_causal_forward(arch, cache_kind, tiny_model):
         torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("cache_kind", CACHES)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_feature_layers_match_output_hidden_states(arch, cache_kind, tiny_model):
+    """``layers=``: prefill and the tree forward also return the hidden states entering the asked
+    layers (EAGLE-3's low/mid/high), equal to transformers' ``hidden_states[i]`` of a plain causal
+    forward over ``prefix + path_to(node)``; logits and the final feature are unchanged."""
+    model = tiny_model(arch)
+    L = model.config.get_text_config(decoder=True).num_hidden_layers
+    layers = (0, L // 2, L - 1)
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
+    gen = torch.Generator().manual_seed(arch_seed(arch) + 7)
+    prefix = torch.randint(0, V, (PREFIX,), generator=gen)
+    cache = target.new_cache()
+    pre = target.prefill(prefix, cache, layers)
+    with torch.no_grad():
+        hs = model.model(prefix[None], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(pre.layers, torch.cat([hs[i][0] for i in layers], -1), atol=1e-4, rtol=0)
+    assert pre.features is pre.layers
+    tree = deep_random_tree(gen, chain=6, extra=8)
+    out = target.tree_forward(tree, cache, layers)
+    H = model.config.get_text_config(decoder=True).hidden_size
+    assert out.layers.shape == (len(tree), 3 * H)
+    for i in range(len(tree)):
+        with torch.no_grad():
+            hs = model.model(torch.cat([prefix, tree.tokens[tree.path_to(i)]])[None], output_hidden_states=True).hidden_states
+        torch.testing.assert_close(out.layers[i], torch.cat([h[0, -1] for h in (hs[j] for j in layers)]), atol=1e-4, rtol=0)
+    plain = Target(model, "reference", RuntimeConfig(cache=cache_kind))
+    c2 = plain.new_cache()
+    plain.prefill(prefix, c2)
+    ref = plain.tree_forward(tree, c2)
+    assert ref.layers is None and ref.features is ref.hidden
+    torch.testing.assert_close(out.logits, ref.logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="out of range"):
+        target.tree_forward(tree, cache, (L + 1,))
+
+
 def _wide_tree(gen: torch.Generator):
     parents = random_parents(16, gen)
     return torch.randint(0, V, (16,), generator=gen).tolist(), parents

@@ -99,3 +99,49 @@ def test_same_head_whether_data_was_generated_in_the_same_call_or_before(tmp_pat
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_sample_next_greedy_and_top_p():
+    """temperature 0 = argmax; top-p keeps the smallest head of the sorted distribution whose mass
+    reaches p (the top token always), and draws only from it."""
+    from eagle.train.data import sample_next
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]]))
+    assert sample_next(logits, 0.0, 1.0).tolist() == [0, 3]
+    torch.manual_seed(0)
+    draws = torch.stack([sample_next(logits, 1.0, 0.7) for _ in range(400)])  # (400, 2)
+    assert set(draws[:, 0].tolist()) == {0, 1} and set(draws[:, 1].tolist()) == {3, 2}
+    assert 0.55 < (draws[:, 0] == 0).float().mean() < 0.8  # 0.5 / 0.8 = 0.625
+    draws = torch.stack([sample_next(logits, 1.0, 1.0) for _ in range(2000)])
+    assert set(draws[:, 0].tolist()) == {0, 1, 2, 3}
+
+
+def test_generate_batch_greedy_equals_generate_and_forward():
+    """The data stage's own batched loop (left padding, finished sequences leaving the batch), greedy:
+    every sequence equals ``model.generate`` on that prompt alone, its stored features equal a plain
+    forward over the stored tokens (final feature and the asked layers), and the token whose feature
+    was never computed (EOS or the cut-off) is dropped."""
+    from eagle.train.data import _generate_batch
+
+    model = make_tiny_train_model(3)
+    tok = ByteTokenizer()
+    prompts = [f"q{i} " + "abc" * i for i in range(9)]
+    # an end token that some greedy answers reach early and others never do
+    free = [model.generate(torch.tensor(tok(p)["input_ids"])[None], max_new_tokens=12, do_sample=False,
+                           pad_token_id=0)[0, len(tok(p)["input_ids"]):].tolist() for p in prompts]
+    eos = next(t for t in range(V) if 0 < sum(t in f[:10] for f in free) < len(prompts))
+    layers = (1, 2)
+    outs = list(_generate_batch(model, tok, prompts, 12, 0.0, 1.0, eos, 0, True, layers))
+    assert len(outs) == len(prompts)
+    ended = 0
+    for p, (ids, hid, fused, plen) in zip(prompts, outs):
+        enc = torch.tensor(tok(p)["input_ids"])
+        assert plen == len(enc) and torch.equal(ids[:plen], enc)
+        ref = model.generate(enc[None], max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)[0]
+        assert torch.equal(ids, ref[:-1])  # the last token (EOS or the 12th) has no feature
+        ended += int(ref[-1]) == eos
+        with torch.no_grad():
+            hs = model.model(ids[None], output_hidden_states=True).hidden_states
+        torch.testing.assert_close(hid, hs[-1][0], atol=1e-4, rtol=0)
+        torch.testing.assert_close(fused.float(), torch.cat([hs[i][0] for i in layers], -1), atol=2e-3, rtol=1e-3)
+    assert 0 < ended < len(prompts)  # some sequences left the batch early, some ran to the budget

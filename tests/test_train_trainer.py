@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle.head import DraftHead, load_head
+from eagle.heads import DraftHead, load_head
 from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.trainer import TrainConfig, head_loss, train
 

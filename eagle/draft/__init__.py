@@ -21,8 +21,8 @@ def build_drafter(config, target) -> Drafter:
     if d.type == "ngram":
         return NgramDrafter(d.max_ngram, d.min_ngram, config.tree.depth, d.branches)
     if d.type == "eagle":
-        from ..head import load_head
-        from .eagle_head import EagleDrafter
+        from ..heads import load_head
+        from ..heads.drafter import EagleDrafter
 
         head = load_head(d.head, target.model).to(target.device)
         return EagleDrafter(target, head, config.tree, sample=d.sample,

@@ -31,10 +31,15 @@ class Drafter(ABC):
 
     * ``reset(prompt_ids)`` once per generation;
     * ``extend(features, tokens)`` whenever target positions become final: ``features (m, H)`` are
-      the target's last hidden states at those positions and ``tokens (m,)`` the token that
-      follows each of them (for the prompt: ``prompt[1:] + [first token]``);
+      the target's last hidden states at those positions (or, when the drafter sets
+      ``feature_layers``, the hidden states entering those target layers, concatenated:
+      ``(m, k*H)``) and ``tokens (m,)`` the token that follows each of them (for the prompt:
+      ``prompt[1:] + [first token]``);
     * ``propose(root, sampling) -> Tree`` once per step.
     """
+
+    # transformers ``hidden_states`` indices the drafter reads instead of the final feature
+    feature_layers: tuple[int, ...] | None = None
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         # history[i + 1] is always the token that follows position i; the first ``extend`` call

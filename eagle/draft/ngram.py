@@ -3,7 +3,6 @@ tokens continued. Several matching continuations become the branches of a tree."
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..tree import Tree
 from .base import Drafter, Sampling

@@ -3,9 +3,12 @@ at every position from that same generation pass (no second forward).
 
 Output: a folder of shards plus ``manifest.json``. Each shard is a safetensors file holding
 ``input_ids (N,) int32`` (the sequences concatenated), ``hidden (N, H) float16`` (target feature
-after the final norm, position-aligned with ``input_ids``), ``offsets (S+1,) int64`` (sequence
-boundaries) and ``prompt_lens (S,) int32``. The manifest is rewritten atomically after every shard,
-so an interrupted run resumes after the last finished shard.
+after the final norm, position-aligned with ``input_ids``), optionally ``layers (N, k*H) float16``
+(the hidden states entering the manifest's ``feature_layers``, concatenated: what an EAGLE-3 head
+reads), ``offsets (S+1,) int64`` (sequence boundaries) and ``prompt_lens (S,) int32``. The manifest
+is rewritten atomically after every shard, so an interrupted run resumes after the last finished
+shard. Both kinds of features come from the generation pass itself (transformers records every
+layer's input when asked): keeping the three extra layers costs disk and copies, no forward.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ..io import write_json
 from ..packed import packer_for
 from ..prompts import PromptFileError, encode_chat
 
-__all__ = ["read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
+__all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
 
 
 def read_prompt_records(path: str | Path) -> list[str]:
@@ -109,50 +112,119 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     write_json(manifest, folder / "manifest.json", indent=1)
 
 
-def _packed_decode(model, batch: int):
+def _packed_decode(model, batches: list[int]):
     """Every decoding step of a batch of B sequences multiplies B rows by each weight: on a float32
     CPU model run those products through MKL's packed GEMM (eagle/packed.py; same results; all layer
     products 2.1-3.1x faster for 4-32 rows, the whole data stage 1.12-1.19x on the CPU measured).
     The model's shared packer keeps the packed copies, so later batches of the same size reuse them."""
     from contextlib import nullcontext
 
-    return packer_for(model, [batch]) or nullcontext()
+    return packer_for(model, batches) or nullcontext()
+
+
+# Sampling looks at the SAMPLE_TOP_K most likely tokens only: sorting the whole vocabulary for
+# top-p and drawing from it took ~280 ms per step at 48 x 49,152 (more than the forward itself);
+# at the data stage's temperatures the mass beyond the first 256 tokens is negligible.
+SAMPLE_TOP_K = 256
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """``logits (B, V)`` -> ``(B,)`` next tokens: greedy at temperature 0, else temperature + top-p
+    sampling among the ``SAMPLE_TOP_K`` most likely tokens (top-p applied within them)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    top = logits.topk(min(SAMPLE_TOP_K, logits.shape[-1]), dim=-1)  # sorted, (B, K)
+    probs = torch.softmax(top.values.float() / temperature, dim=-1)  # (B, K)
+    if top_p < 1.0:  # keep a token if the mass strictly before it is < top_p
+        probs = probs.masked_fill((probs.cumsum(-1) - probs) >= top_p, 0.0)
+    pick = torch.multinomial(probs, 1)  # (B, 1); multinomial renormalizes
+    return top.indices.gather(-1, pick)[:, 0]
 
 
 @torch.no_grad()
 def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-                    eos: int, pad: int, store_hidden: bool = True):
-    """One batched sampling pass; yields ``(ids (n,), hidden (n, H), prompt_len)`` per sequence."""
+                    eos: int, pad: int, store_hidden: bool = True, layers: tuple[int, ...] = ()):
+    """One batched sampling pass; yields ``(ids (n,), hidden (n, H), fused (n, k*H) or None,
+    prompt_len)`` per sequence (``fused``: the hidden states entering ``layers``, concatenated).
+
+    Our own loop over the unmodified model (not ``generate``): sampling among the top tokens only
+    (:func:`sample_next`), the LM head on the last position only, and finished sequences leave the
+    batch: whenever at most half of its rows are still running, the batch shrinks to half (running
+    rows first, finished ones as filler), so a long answer does not keep many short ones computing
+    and the packed GEMM needs copies for a few row counts only (B, B/2, B/4, ...).
+    """
+    from ..kv import SlotCache
+    from ..target import project
+
     enc = [encode_chat(tok, p) for p in prompts]
-    L = max(len(e) for e in enc)
-    ids = torch.full((len(enc), L), pad, dtype=torch.long)
-    att = torch.zeros((len(enc), L), dtype=torch.long)
-    for i, e in enumerate(enc):  # left padding: every sequence ends at column L-1
+    B, L = len(enc), max(len(e) for e in enc)
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    att = torch.zeros((B, L), dtype=torch.long)
+    for i, e in enumerate(enc):  # left padding: every sequence's prompt ends at column L-1
         ids[i, L - len(e):] = e
         att[i, L - len(e):] = 1
-    kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
-    with _packed_decode(model, len(enc)):
-        out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                             pad_token_id=pad, output_hidden_states=store_hidden, return_dict_in_generate=True, **kw)
-    seqs = out.sequences  # (B, L + G)
-    if store_hidden:
-        # hidden_states[step][layer]: step 0 covers the prompt (B, L, H); later steps one token each
-        hid = torch.cat([h[-1] for h in out.hidden_states], dim=1)  # (B, L+G-1, H): feature j predicts token j+1
-    else:
-        hid = torch.zeros(seqs.shape[0], seqs.shape[1], 0)
-    for i, e in enumerate(enc):
-        gen = seqs[i, L:].tolist()
-        n_gen = gen.index(eos) + 1 if eos in gen else len(gen)
-        start = L - len(e)
-        end = L + n_gen  # tokens [start, end)
+    base, lm_w = model.get_decoder(), model.get_output_embeddings().weight
+    want = bool(layers) and store_hidden
+    toks = [list(e) for e in enc]  # prompt + sampled tokens, per sequence
+    hid: list[list[torch.Tensor]] = [[] for _ in enc]  # (n_j, H) pieces per sequence
+    fus: list[list[torch.Tensor]] = [[] for _ in enc]  # (n_j, k*H) pieces
+    rows = torch.arange(B)  # batch row -> sequence
+    running = torch.ones(B, dtype=torch.bool)  # per batch row
+    # a preallocated cache written by slot: appending to a DynamicCache copies every layer's whole
+    # K/V each step (measured: a quarter of the data stage's time at 48 x ~200 positions)
+    cache = SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, L + max_new_tokens)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)  # (B, L) positions of the left-padded prompts
+    causal = torch.ones(L, L, dtype=torch.bool).tril()  # (L, L)
+    x, n = ids, 0  # n: slots written
+    sizes = [B]
+    while sizes[-1] // 2 >= 1:
+        sizes.append(sizes[-1] // 2)
+    with _packed_decode(model, sizes):
+        for step in range(max_new_tokens):
+            t = x.shape[1]
+            mask = att.bool()[:, None, None, :]  # (b, 1, 1, n + t): real tokens only (not the left padding)
+            if n == 0:  # causal; a padding column attends to itself (no all-masked row, no NaN)
+                mask = (mask & causal[None, None]) | torch.eye(L, dtype=torch.bool)[None, None]  # (b, 1, L, L)
+            out = base(input_ids=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                       output_hidden_states=want, cache_slots=torch.arange(n, n + t), cache_kv_len=n + t)
+            n += t
+            h = out.last_hidden_state  # (b, t, H)
+            nxt = sample_next(project(h[:, -1], lm_w).float(), temperature, top_p)  # (b,)
+            f = torch.cat([out.hidden_states[i] for i in layers], -1).half() if want else None  # (b, t, k*H)
+            for r in running.nonzero()[:, 0].tolist():
+                j = int(rows[r])
+                lo = L - len(enc[j]) if step == 0 else 0  # the prompt's own columns only
+                if store_hidden:
+                    hid[j].append(h[r, lo:])
+                    if want:
+                        fus[j].append(f[r, lo:])
+                toks[j].append(int(nxt[r]))
+            running &= (nxt != eos)
+            n_run = int(running.sum())
+            if n_run == 0 or step + 1 == max_new_tokens:
+                break
+            if n_run <= len(rows) // 2:  # shrink to half: running rows first, finished ones as filler
+                keep = torch.cat([running.nonzero()[:, 0], (~running).nonzero()[:, 0]])[: len(rows) // 2]
+                for layer in cache.layers:  # (b, H_kv, C, D) -> (b', H_kv, C, D)
+                    layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+                rows, running, nxt, att, pos = rows[keep], running[keep], nxt[keep], att[keep], pos[keep]
+            x = nxt[:, None]  # (b, 1)
+            att = torch.cat([att, att.new_ones(len(rows), 1)], dim=1)
+            pos = pos[:, -1:] + 1
+    for j, e in enumerate(enc):
         # the feature of the final token (EOS or cut-off) was never computed: drop that token
-        yield seqs[i, start:end - 1].clone(), hid[i, start:end - 1].clone(), len(e)
+        seq = torch.tensor(toks[j][:-1], dtype=torch.long)  # (n,)
+        hj = torch.cat(hid[j]) if store_hidden else torch.zeros(len(seq), 0)  # (n, H)
+        yield seq, hj, torch.cat(fus[j]) if want else None, len(e)
 
 
 def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_size: int = 32,
                     max_new_tokens: int = 192, temperature: float = 0.6, top_p: float = 0.95,
-                    shard_prompts: int = 96, seed: int = 0, store_hidden: bool = True) -> dict:
-    """Self-distill ``prompts`` into shards under ``out_dir`` (resumable; see module docstring)."""
+                    shard_prompts: int = 96, seed: int = 0, store_hidden: bool = True,
+                    feature_layers: tuple[int, ...] | list[int] = ()) -> dict:
+    """Self-distill ``prompts`` into shards under ``out_dir`` (resumable; see module docstring).
+    ``feature_layers``: also store the hidden states entering these target layers (``hidden_states``
+    indices); a folder keeps the layers it was started with (a resume with others is an error)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out_dir)
@@ -161,32 +233,40 @@ def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_s
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     done = manifest["prompts_done"]
     manifest.setdefault("hidden_size", int(model.config.get_text_config(decoder=True).hidden_size))
+    layers = tuple(int(i) for i in feature_layers) if store_hidden else ()
+    if manifest["shards"] and tuple(manifest.get("feature_layers", ())) != layers:
+        raise ValueError(f"{out_dir} holds shards with feature layers {list(manifest.get('feature_layers', []))}, "
+                         f"this run asks for {list(layers)}: use another data_dir or the same layers")
+    manifest["feature_layers"] = list(layers)
     bar = tqdm(total=len(prompts), initial=done, desc="self-distill", unit="prompt", dynamic_ncols=True)
     while done < len(prompts):
         chunk = prompts[done: done + shard_prompts]
         torch.manual_seed(seed + done)  # a resumed run draws the same samples for this shard
         # similar lengths in one batch waste less compute on padding
         order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
-        ids_l, hid_l, plen = [], [], []
+        ids_l, hid_l, lay_l, plen = [], [], [], []
         for b in range(0, len(order), batch_size):
             batch = [chunk[i] for i in order[b: b + batch_size]]
-            for ids, hid, pl in _generate_batch(model, tok, batch, max_new_tokens, temperature, top_p, eos, pad,
-                                                  store_hidden):
+            for ids, hid, fused, pl in _generate_batch(model, tok, batch, max_new_tokens, temperature, top_p, eos,
+                                                         pad, store_hidden, layers):
                 ids_l.append(ids)
                 hid_l.append(hid)
+                lay_l.append(fused)
                 plen.append(pl)
             bar.update(len(batch))
             bar.set_postfix(tokens=manifest["tokens"] + sum(len(x) for x in ids_l))
         done += len(chunk)
-        write_shard(out_dir, manifest, ids_l, hid_l if store_hidden else None, plen, prompts_done=done)
+        write_shard(out_dir, manifest, ids_l, hid_l if store_hidden else None, plen, prompts_done=done,
+                    layers=lay_l if layers else None)
     bar.close()
     return manifest
 
 
 def write_shard(out_dir: str | Path, manifest: dict, ids: list[torch.Tensor], hidden: list[torch.Tensor] | None,
-                prompt_lens: list[int], prompts_done: int) -> dict:
-    """Append one shard (sequences ``ids[i] (n_i,)``, features ``hidden[i] (n_i, H)`` or None) and
-    rewrite the manifest atomically; returns the updated manifest."""
+                prompt_lens: list[int], prompts_done: int, layers: list[torch.Tensor] | None = None) -> dict:
+    """Append one shard (sequences ``ids[i] (n_i,)``, features ``hidden[i] (n_i, H)`` or None,
+    optionally ``layers[i] (n_i, k*H)``) and rewrite the manifest atomically; returns the updated
+    manifest."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lens = torch.tensor([len(x) for x in ids])
@@ -197,11 +277,13 @@ def write_shard(out_dir: str | Path, manifest: dict, ids: list[torch.Tensor], hi
     if hidden is not None:
         tensors["hidden"] = torch.cat(hidden).to(torch.float16)
         manifest["hidden_size"] = int(tensors["hidden"].shape[1])
+    if layers is not None:
+        tensors["layers"] = torch.cat(layers).to(torch.float16)
     save_file(tensors, str(out_dir / (name + ".tmp")))
     os.replace(out_dir / (name + ".tmp"), out_dir / name)
     manifest["shards"].append({"file": name, "sequences": len(ids), "tokens": int(lens.sum())})
     manifest.update(prompts_done=prompts_done, tokens=manifest["tokens"] + int(lens.sum()),
-                    has_hidden=hidden is not None)
+                    has_hidden=hidden is not None, has_layers=layers is not None)
     _write_manifest(out_dir, manifest)
     return manifest
 
@@ -211,12 +293,14 @@ class Sequence:
     input_ids: torch.Tensor  # (n,) int64
     hidden: torch.Tensor | None  # (n, H) float16; None when features are computed online
     prompt_len: int
+    layers: torch.Tensor | None = None  # (n, k*H) float16, when asked for (EAGLE-3)
 
 
 class ShardDataset:
-    """All sequences of a shard folder, in memory (fp16 features: ~1.2 KB per token at H = 576)."""
+    """All sequences of a shard folder, in memory (fp16 features: ~1.2 KB per token at H = 576, and
+    3x that for three fused layers); ``load_hidden`` / ``load_layers`` choose which are read."""
 
-    def __init__(self, folder: str | Path, load_hidden: bool = True):
+    def __init__(self, folder: str | Path, load_hidden: bool = True, load_layers: bool = False):
         folder = Path(folder)
         manifest = load_manifest(folder)
         if not manifest["shards"]:
@@ -224,15 +308,21 @@ class ShardDataset:
                              "prompts of a training config with this data_dir)")
         if load_hidden and not manifest.get("has_hidden", True):
             raise ValueError(f"{folder} holds no features (made with extraction: online)")
+        if load_layers and not manifest.get("has_layers", False):
+            raise ValueError(f"{folder} holds no multi-layer features (an EAGLE-3 head needs data made with "
+                             "feature_layers set)")
         self.sequences: list[Sequence] = []
-        names = ("input_ids", "offsets", "prompt_lens") + (("hidden",) if load_hidden else ())
+        names = ("input_ids", "offsets", "prompt_lens") + (("hidden",) if load_hidden else ()) \
+            + (("layers",) if load_layers else ())
         for s in manifest["shards"]:
             t = read_tensors(folder / s["file"], names)
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):
-                hid = t["hidden"][off[i]:off[i + 1]] if load_hidden else None
-                self.sequences.append(Sequence(t["input_ids"][off[i]:off[i + 1]].long(), hid, int(t["prompt_lens"][i])))
+                a, b = off[i], off[i + 1]
+                self.sequences.append(Sequence(t["input_ids"][a:b].long(), t["hidden"][a:b] if load_hidden else None,
+                                               int(t["prompt_lens"][i]), t["layers"][a:b] if load_layers else None))
         self.hidden_size = manifest.get("hidden_size")  # None: featureless shards of unknown width
+        self.feature_layers = tuple(manifest.get("feature_layers", ()))
 
     def __len__(self) -> int:
         return len(self.sequences)

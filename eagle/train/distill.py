@@ -26,8 +26,9 @@ from tqdm import tqdm
 from ..config import ConfigError
 from ..draft_model import build_draft_model, save_draft_model, shared_weight_names
 from .data import ShardDataset, load_manifest, read_tensors
-from .trainer import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_train_config,
-                      load_resume_state, load_yaml_config, prepare_data, save_checkpoint, training_prompts)
+from .common import (Run, batch_order, check_optimization, cosine_lr, heldout_split, load_resume_state, load_yaml_config,
+                     save_checkpoint)
+from .trainer import load_train_config, prepare_data, training_prompts
 
 __all__ = ["DistillConfig", "load_distill_config", "distill", "cache_target_topk", "distill_loss"]
 

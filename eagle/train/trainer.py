@@ -5,26 +5,21 @@ run resumed from a checkpoint continues exactly where an uninterrupted one would
 """
 from __future__ import annotations
 
-import math
-import os
 import sys
-import tempfile
-from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..config import DTYPES, ConfigError, from_dict, read_yaml
-from ..head import DraftHead, HeadConfig, save_head
-from ..io import existing_dir, replace_dir
+from ..config import ConfigError
+from ..heads import DraftHead, HeadConfig, save_head
+from .common import (Run, batch_order, causal_mask, check_optimization, cosine_lr, heldout_split, load_resume_state,
+                     load_yaml_config, save_checkpoint)
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
 
-__all__ = ["TrainConfig", "load_train_config", "train", "head_loss", "training_prompts"]
+__all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss", "training_prompts"]
 
 
 @dataclass
@@ -44,6 +39,9 @@ class TrainConfig:
     # and seeds each shard's sampling by its first prompt, so another size draws other answers
     shard_prompts: int = 96
     extraction: str = "offline"  # offline: features stored in shards; online: recomputed while training
+    # also store the hidden states entering these target layers (transformers' hidden_states indices;
+    # EAGLE-3 reads [2, L//2, L-3]), so one data folder serves both head types
+    feature_layers: list[int] = field(default_factory=list)
     # --- head
     draft_vocab_size: int = 8192  # 0 = the full target vocabulary
     # --- optimization
@@ -70,34 +68,12 @@ class TrainConfig:
     def validate(self) -> None:
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
+        if any(i < 0 for i in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):
+            raise ConfigError(f"feature_layers must be distinct layer indices >= 0, got {self.feature_layers}")
+        if self.feature_layers and self.extraction != "offline":
+            raise ConfigError("feature_layers are stored by the data stage: they need extraction: offline")
         check_optimization(self, ("batch_size", "max_seq_len", "unroll", "gen_batch_size", "gen_max_new_tokens",
                                   "shard_prompts", "checkpoint_every", "eval_every"))
-
-
-def check_optimization(cfg, positive: tuple[str, ...]) -> None:
-    """The checks a training config shares: the ``positive`` fields >= 1, lr and epochs > 0, a known
-    export dtype, a held-out fraction in [0, 1)."""
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be >= 1")
-    if cfg.lr <= 0 or cfg.epochs <= 0:
-        raise ConfigError("lr and epochs must be > 0")
-    if cfg.export_dtype not in DTYPES:
-        raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{cfg.export_dtype}'")
-    if not 0 <= cfg.heldout_fraction < 1:
-        raise ConfigError("heldout_fraction must be in [0, 1)")
-
-
-def load_yaml_config(cls, path: str | Path):
-    """A ``cls`` dataclass from a YAML file, strictly checked and validated; errors name the file."""
-    path = Path(path)
-    data = read_yaml(path) or {}
-    try:
-        cfg = from_dict(cls, data)
-        cfg.validate()
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    return cfg
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
@@ -106,15 +82,6 @@ def load_train_config(path: str | Path) -> TrainConfig:
 
 # ---------------------------------------------------------------------------------------------
 # loss
-
-
-def causal_mask(lengths: list[int], T: int, device) -> torch.Tensor:
-    """``(B, 1, T, T)`` bool: causal within each sequence, padding never attended."""
-    idx = torch.arange(T, device=device)
-    valid = idx[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, T)
-    m = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # (B, T, T)
-    m |= torch.eye(T, dtype=torch.bool, device=device)[None]  # padded rows attend to themselves (no NaN)
-    return m[:, None]
 
 
 def head_loss(head: DraftHead, embed: torch.nn.Module, lm_w: torch.Tensor, feats: torch.Tensor,
@@ -157,58 +124,6 @@ def head_loss(head: DraftHead, embed: torch.nn.Module, lm_w: torch.Tensor, feats
 # training state
 
 
-class Run:
-    """Holds the per-process setup: rank, world, device."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.device = torch.device("cpu")
-        if self.world > 1 and not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-                torch.cuda.set_device(self.device)
-            dist.init_process_group(backend, timeout=timedelta(hours=4))
-        elif torch.cuda.is_available():
-            self.device = torch.device("cuda")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self):
-        if self.world > 1:
-            dist.barrier()
-
-    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            t = t.clone()
-            dist.all_reduce(t)
-        return t
-
-
-def cosine_lr(step: int, total: int, warmup: int, lr: float) -> float:
-    """Linear warmup, then cosine decay to 10% of ``lr`` at ``total``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    frac = (step - warmup) / max(1, total - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-
-
-def heldout_split(data: list, fraction: float, seed: int) -> tuple[list, list]:
-    """``(train, heldout)``: a seeded random ``fraction`` of the sequences is held out."""
-    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_eval = int(len(data) * fraction)
-    return [data[i] for i in perm[n_eval:]], [data[i] for i in perm[:n_eval]]
-
-
-def batch_order(n: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed * 1000003 + epoch)
-    perm = torch.randperm(n, generator=g).tolist()
-    return [perm[i: i + batch] for i in range(0, n - batch + 1, batch)]
-
-
 def _noise(shape, amount: float, seed: int, step: int, seq: int) -> torch.Tensor:
     g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_000_003 + seq)
     return (torch.rand(shape, generator=g) * 2 - 1) * amount
@@ -249,37 +164,6 @@ class _Features:
         return out
 
 
-# settings that may change between a run and its resumption: they do not touch the trained weights
-RESUMABLE_CHANGES = ("eval_every", "checkpoint_every", "export", "export_dtype", "out_dir")
-
-
-def load_resume_state(folder: Path, cfg, weights: str = "head.safetensors") -> tuple[dict, dict] | None:
-    """``(weights, state)`` of the checkpoint in ``folder`` (None when there is none).
-
-    Raises ValueError when the checkpoint was written by a run with other settings (other data, draft
-    vocabulary, schedule...): silently continuing it would mix two runs."""
-    found = existing_dir(folder)
-    if found is None or not (found / "state.pt").exists():
-        return None
-    state = torch.load(found / "state.pt", weights_only=False)
-    saved, now = state.get("config", {}), asdict(cfg)
-    diff = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now
-            if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]]
-    if diff:
-        raise ValueError(f"the checkpoint in {found} (step {state['step']}) was written with other settings ("
-                         + "; ".join(diff) + "): set another out_dir, or delete that folder to start over")
-    return load_file(str(found / weights)), state
-
-
-def save_checkpoint(folder: Path, state: dict, opt, step: int, cfg, weights: str = "head.safetensors") -> None:
-    """Atomically replace ``folder`` with the weights ``state``, the optimizer state and the step."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="ckpt.tmp", dir=folder.parent))
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / weights))
-    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg)}, tmp / "state.pt")
-    replace_dir(tmp, folder)
-
-
 def _evaluate(head, embed, lm_w, data, cfg, run, features_fn) -> dict:
     head.eval()
     loss = torch.zeros(()); n = torch.zeros(()); accs = torch.zeros(cfg.unroll)
@@ -303,6 +187,15 @@ def training_prompts(cfg: TrainConfig) -> list[str]:
     return prompts[: cfg.num_prompts] if cfg.num_prompts else prompts
 
 
+def data_layers(cfg, model) -> tuple[int, ...]:
+    """The layers the data stage stores, checked against the target's depth."""
+    L = model.config.get_text_config(decoder=True).num_hidden_layers
+    bad = [i for i in cfg.feature_layers if i > L]
+    if bad:
+        raise ConfigError(f"feature_layers {bad} out of range: the target has {L} layers (indices 0..{L})")
+    return tuple(cfg.feature_layers)
+
+
 def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | None = None) -> None:
     """Self-distill the prompt set (``prompts``, default :func:`training_prompts`) into
     ``cfg.data_dir`` (resumable), on the main process only."""
@@ -312,8 +205,20 @@ def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | No
         if load_manifest(cfg.data_dir)["prompts_done"] < len(prompts):
             generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
                             max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
-                            shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=cfg.extraction == "offline")
+                            shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=cfg.extraction == "offline",
+                            feature_layers=data_layers(cfg, model))
     run.barrier()
+
+
+def make_data(cfg: TrainConfig, model=None, tok=None) -> dict:
+    """Only the data stage of ``cfg`` (``eagle train --data-only``): returns the data manifest."""
+    from ..models import load_target
+
+    prompts = training_prompts(cfg)
+    if model is None:
+        model, tok = load_target(cfg.target)
+    prepare_data(cfg, model, tok, Run(), prompts)
+    return load_manifest(cfg.data_dir)
 
 
 def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step=None) -> dict:

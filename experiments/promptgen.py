@@ -5,7 +5,12 @@ categories -- writing, roleplay, reasoning, math, coding, extraction, stem, huma
 chat -- from instruction templates with slots and slot vocabularies. Math prompts carry
 generated numbers; extraction prompts carry a generated short passage.
 
-    python -m eagle.train.promptgen --out experiments/data/prompts --n 5000 --heldout 200
+    python experiments/promptgen.py --out experiments/data/prompts --n 5000 --heldout 200
+    python experiments/promptgen.py --out experiments/data/prompts --n 14000 --more train-more.jsonl
+
+The second form writes only the prompts of an ``--n`` set that ``train.jsonl`` and ``heldout.jsonl``
+do not already hold (each category's prompts are a fixed stream for a seed, so a larger set extends
+a smaller one): more training data, the held-out set untouched.
 """
 from __future__ import annotations
 
@@ -1412,15 +1417,38 @@ def write_prompt_sets(out_dir, n: int = 5000, heldout: int = 200, seed: int = 0)
     return tp, hp
 
 
+def write_more(out_dir, name: str, n: int, seed: int = 0) -> Path:
+    """Write ``out_dir/name``: the prompts of ``make_prompts(n, seed)`` that neither ``train.jsonl``
+    nor ``heldout.jsonl`` of ``out_dir`` holds (compared after whitespace/case normalization)."""
+    out = Path(out_dir)
+    have = set()
+    for f in ("train.jsonl", "heldout.jsonl"):
+        path = out / f
+        if not path.is_file():
+            raise SystemExit(f"promptgen: {path} not found (write the base sets first, without --more)")
+        have.update(_norm(json.loads(line)["prompt"]) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    rows = [r for r in make_prompts(n, seed) if _norm(r["prompt"]) not in have]
+    if not rows:
+        raise SystemExit(f"promptgen: a set of {n} prompts adds nothing to {out} (ask for a larger --n)")
+    path = out / name
+    _write_jsonl(path, rows)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="experiments/data/prompts")
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--heldout", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--more", metavar="FILE", help="write only the prompts train/heldout do not hold, to FILE in --out")
     a = ap.parse_args(argv)
-    tp, hp = write_prompt_sets(a.out, n=a.n, heldout=a.heldout, seed=a.seed)
-    for p in (tp, hp):
+    try:
+        paths = [write_more(a.out, a.more, a.n, a.seed)] if a.more else list(write_prompt_sets(a.out, n=a.n, heldout=a.heldout,
+                                                                                             seed=a.seed))
+    except RuntimeError as e:  # the templates of a category ran out of distinct prompts
+        raise SystemExit(f"{e}; ask for a smaller --n") from None
+    for p in paths:
         cnt: dict[str, int] = defaultdict(int)
         for line in p.read_text(encoding="utf-8").splitlines():
             cnt[json.loads(line)["category"]] += 1

@@ -1,4 +1,4 @@
-"""The EAGLE drafter (eagle/draft/eagle_head.py): after every step its head KV cache == the head run over
+"""The EAGLE drafter (eagle/heads/drafter.py): after every step its head KV cache == the head run over
 all committed pairs, and its drafted scores == the head run along each node's path; the reduced-precision
 fast path; greedy decoding with it is lossless (with and without a draft vocabulary).
 
@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from eagle import Target, TreeDecoder
 from eagle.draft import TreeShape
-from eagle.draft.eagle_head import EagleDrafter
+from eagle.heads.drafter import EagleDrafter
 from eagle.tree import Tree
 
 from conftest import TINY_VOCAB, bigram_head, causal_mask, make_tiny_head_target, random_head

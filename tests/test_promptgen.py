@@ -1,12 +1,17 @@
 """The synthetic prompt set: deterministic, balanced, distinct, held-out split disjoint."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 from collections import Counter
 
 import pytest
 
-from eagle.train.promptgen import CATEGORIES, make_prompts, write_prompt_sets
+_spec = importlib.util.spec_from_file_location("promptgen", Path(__file__).resolve().parents[1] / "experiments/promptgen.py")
+promptgen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(promptgen)
+CATEGORIES, make_prompts, write_prompt_sets = promptgen.CATEGORIES, promptgen.make_prompts, promptgen.write_prompt_sets
 
 N = 1500
 
@@ -69,3 +74,14 @@ def test_small_heldout_still_stratified(tmp_path):
     _, hp = write_prompt_sets(tmp_path, n=400, heldout=len(CATEGORIES), seed=0)
     held = [json.loads(line) for line in hp.read_text(encoding="utf-8").splitlines()]
     assert sorted(r["category"] for r in held) == sorted(CATEGORIES)
+
+
+def test_more_extends_without_touching_the_heldout_set(tmp_path):
+    """--more: a larger set extends a smaller one; only prompts train/heldout lack are written."""
+    write_prompt_sets(tmp_path, n=300, heldout=30, seed=0)
+    base = {json.loads(l)["prompt"] for f in ("train.jsonl", "heldout.jsonl")
+            for l in (tmp_path / f).read_text().splitlines()}
+    assert {r["prompt"] for r in make_prompts(300, 0)} <= {r["prompt"] for r in make_prompts(600, 0)}
+    path = promptgen.write_more(tmp_path, "more.jsonl", 600, 0)
+    more = [json.loads(l)["prompt"] for l in path.read_text().splitlines()]
+    assert len(more) == 300 and not set(more) & base

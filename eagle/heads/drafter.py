@@ -18,12 +18,12 @@ import copy
 
 import torch
 
-from ..head import DraftHead
+from .eagle import DraftHead
 from ..kv import SlotCache
 from ..target import Target, project
 from ..tree import Tree
-from .base import Drafter, Sampling
-from .shape import TreeShape
+from ..draft.base import Drafter, Sampling
+from ..draft.shape import TreeShape
 
 
 class EagleDrafter(Drafter):

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .io import check_safetensors, replace_dir
+from ..io import check_safetensors, replace_dir
 
 __all__ = ["DraftHead", "HeadConfig", "load_head", "read_head_config", "check_head", "save_head", "HeadError", "HeadNotFoundError",
            "HeadMismatchError"]

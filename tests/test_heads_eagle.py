@@ -1,4 +1,4 @@
-"""The EAGLE draft head itself (eagle/head.py): shapes and parameters, causal and tree mask semantics,
+"""The EAGLE draft head itself (eagle/heads/eagle.py): shapes and parameters, causal and tree mask semantics,
 checkpoint round trips, and one-line errors for folders that are not (or not quite) a head.
 
 Every model here is a tiny random fp32 model (``make_tiny_head_target`` in conftest.py; no downloads,
@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from eagle.head import (DraftHead, HeadConfig, HeadError, HeadMismatchError, HeadNotFoundError, load_head,
+from eagle.heads import (DraftHead, HeadConfig, HeadError, HeadMismatchError, HeadNotFoundError, load_head,
                         read_head_config, save_head)
 from eagle.tree import Tree
 
