@@ -145,3 +145,30 @@ def test_generate_batch_greedy_equals_generate_and_forward():
         torch.testing.assert_close(hid, hs[-1][0], atol=1e-4, rtol=0)
         torch.testing.assert_close(fused.float(), torch.cat([hs[i][0] for i in layers], -1), atol=2e-3, rtol=1e-3)
     assert 0 < ended < len(prompts)  # some sequences left the batch early, some ran to the budget
+
+
+def test_max_tokens_reads_the_first_shards_only(tmp_path):
+    """``max_tokens``: shards in order, up to the first one that reaches the budget."""
+    seqs = [torch.arange(2, 12) for _ in range(4)]  # 10 tokens each
+    m = load_manifest(tmp_path)
+    for k in range(3):  # 3 shards of 2 sequences (20 tokens each)
+        m = write_shard(tmp_path, m, seqs[:2], None, [PROMPT_LEN] * 2, prompts_done=2 * (k + 1))
+    assert len(ShardDataset(tmp_path, load_hidden=False)) == 6
+    assert len(ShardDataset(tmp_path, load_hidden=False, max_tokens=20)) == 2
+    assert len(ShardDataset(tmp_path, load_hidden=False, max_tokens=21)) == 4
+
+
+def test_a_second_writer_on_the_same_folder_is_refused(tmp_path):
+    """One data stage per folder: a live lock holder stops a second one; a dead one's lock is taken over."""
+    import os
+
+    from eagle.train.data import _writer_lock
+
+    (tmp_path / ".writer.lock").write_text(str(os.getpid()))  # "another" live process: this one
+    with pytest.raises(ValueError, match="being written by process"):
+        with _writer_lock(tmp_path):
+            pass
+    (tmp_path / ".writer.lock").write_text("999999999")  # no such process
+    with _writer_lock(tmp_path):
+        assert (tmp_path / ".writer.lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".writer.lock").exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -227,6 +228,48 @@ def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_s
     indices); a folder keeps the layers it was started with (a resume with others is an error)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with _writer_lock(out_dir):
+        return _generate_shards(model, tok, prompts, out_dir, batch_size, max_new_tokens, temperature, top_p,
+                                shard_prompts, seed, store_hidden, feature_layers)
+
+
+@contextmanager
+def _writer_lock(out_dir: Path):
+    """One writer per data folder: a second data stage on the same folder (another `eagle train` while
+    a long one runs in the background) stops with a message instead of interleaving shards."""
+    lock = out_dir / ".writer.lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid):
+            raise ValueError(f"{out_dir} is being written by process {pid} (a data stage already running); "
+                               "wait for it, or train on what is there with data_tokens") from None
+        lock.unlink(missing_ok=True)  # left by a process that died
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _generate_shards(model, tok, prompts, out_dir: Path, batch_size, max_new_tokens, temperature, top_p,
+                     shard_prompts, seed, store_hidden, feature_layers) -> dict:
     manifest = load_manifest(out_dir)
     eos = int(model.generation_config.eos_token_id if not isinstance(model.generation_config.eos_token_id, list)
               else model.generation_config.eos_token_id[0])
@@ -300,7 +343,9 @@ class ShardDataset:
     """All sequences of a shard folder, in memory (fp16 features: ~1.2 KB per token at H = 576, and
     3x that for three fused layers); ``load_hidden`` / ``load_layers`` choose which are read."""
 
-    def __init__(self, folder: str | Path, load_hidden: bool = True, load_layers: bool = False):
+    def __init__(self, folder: str | Path, load_hidden: bool = True, load_layers: bool = False, max_tokens: int = 0):
+        """``max_tokens``: only the first shards, up to the first one that reaches this many tokens in
+        all (0 = every shard): the same data in smaller amounts, e.g. for a learning curve."""
         folder = Path(folder)
         manifest = load_manifest(folder)
         if not manifest["shards"]:
@@ -314,7 +359,11 @@ class ShardDataset:
         self.sequences: list[Sequence] = []
         names = ("input_ids", "offsets", "prompt_lens") + (("hidden",) if load_hidden else ()) \
             + (("layers",) if load_layers else ())
+        seen = 0
         for s in manifest["shards"]:
+            if max_tokens and seen >= max_tokens:
+                break
+            seen += s["tokens"]
             t = read_tensors(folder / s["file"], names)
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):

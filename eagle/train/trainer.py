@@ -19,7 +19,11 @@ from .common import (Run, batch_order, causal_mask, check_optimization, cosine_l
                      load_yaml_config, save_checkpoint)
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
 
-__all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss", "training_prompts"]
+__all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss", "training_prompts", "Recipe",
+           "EagleRecipe", "draft_vocabulary"]
+
+
+HEAD_TYPES = ("eagle", "eagle3", "medusa")
 
 
 @dataclass
@@ -27,6 +31,7 @@ class TrainConfig:
     """Everything ``eagle train`` does, end to end (data, features, training, export)."""
 
     target: str = "smollm2-135m"
+    head: str = "eagle"  # eagle (EAGLE-1/2) | eagle3 (eagle/train/eagle3.py) | medusa (eagle/train/medusa.py)
     # --- data: the target answers these prompts (ours, plus optional ShareGPT/UltraChat files)
     prompts: str = "experiments/data/prompts/train.jsonl"
     extra_data: list[str] = field(default_factory=list)
@@ -35,6 +40,9 @@ class TrainConfig:
     gen_batch_size: int = 32
     gen_max_new_tokens: int = 160
     gen_temperature: float = 0.6
+    # train on the first shards only, up to this many tokens (0 = all the data): a learning curve,
+    # or training while a long data stage is still adding shards to data_dir
+    data_tokens: int = 0
     # prompts per data shard: the data stage writes (and an interrupted one resumes after) whole shards,
     # and seeds each shard's sampling by its first prompt, so another size draws other answers
     shard_prompts: int = 96
@@ -66,8 +74,12 @@ class TrainConfig:
     export_dtype: str = "float32"  # float32 | float16 | bfloat16 (storage of the exported weights)
 
     def validate(self) -> None:
+        if self.head not in HEAD_TYPES:
+            raise ConfigError(f"head must be one of {', '.join(HEAD_TYPES)}, got '{self.head}'")
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
+        if self.data_tokens < 0:
+            raise ConfigError("data_tokens must be >= 0 (0 = all the data)")
         if any(i < 0 for i in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):
             raise ConfigError(f"feature_layers must be distinct layer indices >= 0, got {self.feature_layers}")
         if self.feature_layers and self.extraction != "offline":
@@ -164,18 +176,81 @@ class _Features:
         return out
 
 
-def _evaluate(head, embed, lm_w, data, cfg, run, features_fn) -> dict:
-    head.eval()
-    loss = torch.zeros(()); n = torch.zeros(()); accs = torch.zeros(cfg.unroll)
+def _evaluate(recipe: "Recipe", data, cfg, run) -> dict:
+    """Held-out loss and per-step top-1 accuracy (no feature noise), per counted token."""
+    recipe.module.eval()
+    loss = torch.zeros(()); n = torch.zeros(()); accs = None
     with torch.no_grad():
         for i in range(0, len(data), cfg.batch_size):
             chunk = data[i: i + cfg.batch_size]
-            feats, ids, w, _, lengths = _collate(chunk, list(range(i, i + len(chunk))), cfg, 0, run.device, features_fn)
-            l, a = head_loss(head, embed, lm_w, feats, ids, w, torch.zeros_like(feats[:, :-1]), lengths,
-                             cfg.cls_weight, cfg.unroll)
-            loss += l.cpu(); n += w.sum().cpu(); accs += torch.stack(a).cpu()
-    head.train()
-    return {"loss": float(loss / n.clamp(min=1)), "acc": [float(a / n.clamp(min=1)) for a in accs]}
+            batch = recipe.batch(chunk, list(range(i, i + len(chunk))), 0, run.device, train=False)
+            l, cnt, a = recipe.loss(recipe.module, batch)
+            loss += l.detach().cpu(); n += cnt.cpu()
+            a = torch.stack(a).cpu()
+            accs = a if accs is None else accs + a
+    recipe.module.train()
+    return {"loss": float(loss / n.clamp(min=1)), "acc": [float(x / n.clamp(min=1)) for x in accs]}
+
+
+class Recipe:
+    """What one head type brings to the shared training loop of :func:`train`: the trainable module
+    (``self.module``), which features it reads from the shards, how a batch is collated, its loss,
+    and its export. Subclasses: :class:`EagleRecipe` here, the EAGLE-3 and Medusa recipes in their
+    own modules."""
+
+    load_hidden = True  # the final feature of the shards
+    load_layers = False  # the fused feature layers (EAGLE-3)
+    module: torch.nn.Module
+
+    def batch(self, seqs: list[Sequence], idx: list[int], step: int, device, train: bool = True):
+        raise NotImplementedError
+
+    def loss(self, module, batch) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``(summed loss, number of counted tokens, summed top-1 hits per step)`` of a batch."""
+        raise NotImplementedError
+
+    def export(self, cfg, model) -> None:
+        raise NotImplementedError
+
+
+class EagleRecipe(Recipe):
+    """The EAGLE-1/2 head: feature regression + cross-entropy, ``unroll`` passes on its own outputs."""
+
+    def __init__(self, cfg: TrainConfig, model, train_set: list[Sequence], device):
+        self.cfg = cfg
+        self.load_hidden = cfg.extraction == "offline"
+        vocab = model.get_output_embeddings().weight.shape[0]
+        self.draft_vocab = draft_vocabulary(cfg, train_set, vocab)
+        # the head's random init must not depend on what ran before it (data generated in this call or
+        # an earlier one, a target loaded or passed in): one config, one head
+        torch.manual_seed(cfg.seed)
+        self.module = DraftHead.for_target(model, self.draft_vocab).to(device).float()
+        self.embed = model.get_input_embeddings()
+        self.lm_w = self.module.lm_weight(model.get_output_embeddings()).detach().float()
+        self.features = _Features(model, cfg.extraction == "online", model.config.get_text_config(decoder=True).hidden_size)
+
+    def batch(self, seqs, idx, step, device, train=True):
+        feats, ids, w, noise, lengths = _collate(seqs, idx, self.cfg, step, device, self.features)
+        return feats, ids, w, noise if train else torch.zeros_like(noise), lengths
+
+    def loss(self, module, batch):
+        feats, ids, w, noise, lengths = batch
+        total, accs = head_loss(module, self.embed, self.lm_w, feats, ids, w, noise, lengths, self.cfg.cls_weight,
+                                self.cfg.unroll)
+        return total, w.sum().detach(), accs
+
+    def export(self, cfg, model) -> None:
+        tcfg = model.config.get_text_config(decoder=True)
+        save_head(self.module, cfg.export, HeadConfig(
+            target=cfg.target, model_type=tcfg.model_type, hidden_size=tcfg.hidden_size, vocab_size=tcfg.vocab_size,
+            draft_vocab=[] if self.draft_vocab is None else self.draft_vocab.tolist()), dtype=getattr(torch, cfg.export_dtype))
+
+
+def draft_vocabulary(cfg, train_set: list[Sequence], vocab: int) -> torch.Tensor | None:
+    """The ``cfg.draft_vocab_size`` most frequent target ids of the training data, sorted (None = all)."""
+    if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
+        return token_counts(train_set, vocab).topk(cfg.draft_vocab_size).indices.sort().values
+    return None
 
 
 def training_prompts(cfg: TrainConfig) -> list[str]:
@@ -202,7 +277,9 @@ def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | No
     if run.main:
         if prompts is None:
             prompts = training_prompts(cfg)
-        if load_manifest(cfg.data_dir)["prompts_done"] < len(prompts):
+        m = load_manifest(cfg.data_dir)
+        enough = cfg.data_tokens and m["tokens"] >= cfg.data_tokens  # a data_tokens run needs no more
+        if m["prompts_done"] < len(prompts) and not enough:
             generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
                             max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
                             shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=cfg.extraction == "offline",
@@ -221,6 +298,19 @@ def make_data(cfg: TrainConfig, model=None, tok=None) -> dict:
     return load_manifest(cfg.data_dir)
 
 
+def recipe_for(cfg: TrainConfig) -> type[Recipe]:
+    """The training recipe of ``cfg.head``."""
+    if cfg.head == "eagle3":
+        from .eagle3 import Eagle3Recipe
+
+        return Eagle3Recipe
+    if cfg.head == "medusa":
+        from .medusa import MedusaRecipe
+
+        return MedusaRecipe
+    return EagleRecipe
+
+
 def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step=None) -> dict:
     """Run data preparation (if needed), training with checkpoints/resume, evaluation and export.
 
@@ -235,22 +325,14 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     if model is None:
         model, tok = load_target(cfg.target, device=run.device)
     prepare_data(cfg, model, tok, run, prompts)
-    data = ShardDataset(cfg.data_dir, load_hidden=cfg.extraction == "offline").sequences
+    recipe_cls = recipe_for(cfg)
+    data = ShardDataset(cfg.data_dir, load_hidden=recipe_cls.load_hidden and cfg.extraction == "offline",
+                        load_layers=recipe_cls.load_layers, max_tokens=cfg.data_tokens).sequences
     train_set, eval_set = heldout_split(data, cfg.heldout_fraction, cfg.seed)
     if len(train_set) < cfg.batch_size:
         raise ValueError(f"only {len(train_set)} training sequences for a batch of {cfg.batch_size}")
-
-    vocab = model.get_output_embeddings().weight.shape[0]
-    draft_vocab = None
-    if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
-        draft_vocab = token_counts(train_set, vocab).topk(cfg.draft_vocab_size).indices.sort().values
-    # the head's random init must not depend on what ran before it (data generated in this call or
-    # an earlier one, a target loaded or passed in): one config, one head
-    torch.manual_seed(cfg.seed)
-    head = DraftHead.for_target(model, draft_vocab).to(run.device).float()
-    embed = model.get_input_embeddings()
-    lm_w = head.lm_weight(model.get_output_embeddings()).detach().float()
-    features_fn = _Features(model, cfg.extraction == "online", model.config.get_text_config(decoder=True).hidden_size)
+    recipe = recipe_cls(cfg, model, train_set, run.device)
+    head = recipe.module
 
     out_dir = Path(cfg.out_dir)
     ckpt = out_dir / "checkpoint"
@@ -277,9 +359,9 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         epoch, b = divmod(step, steps_per_epoch)
         batch_idx = batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch)[b]
         mine = batch_idx[run.rank:: run.world]  # this process's share of the global batch
-        feats, ids, w, noise, lengths = _collate([train_set[i] for i in mine], mine, cfg, step, run.device, features_fn)
-        n_global = run.all_sum(w.sum().detach().cpu())
-        loss_sum, accs = head_loss(model_ddp, embed, lm_w, feats, ids, w, noise, lengths, cfg.cls_weight, cfg.unroll)
+        batch = recipe.batch([train_set[i] for i in mine], mine, step, run.device)
+        loss_sum, count, accs = recipe.loss(model_ddp, batch)
+        n_global = run.all_sum(count.cpu())
         # DDP averages gradients over processes: scale so the result is the global per-token mean
         loss = loss_sum * run.world / n_global.clamp(min=1).to(loss_sum.device)
         for group in opt.param_groups:
@@ -301,18 +383,15 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
                 save_checkpoint(ckpt, head.state_dict(), opt, step, cfg)
             run.barrier()
         if run.main and (step % cfg.eval_every == 0 or step == total) and eval_set:
-            ev = _evaluate(head, embed, lm_w, eval_set, cfg, run, features_fn)
+            ev = _evaluate(recipe, eval_set, cfg, run)
             ev["step"] = step
             history.append(ev)
-            tqdm.write(f"step {step}: heldout loss {ev['loss']:.4f}  top-1 acc per unroll step "
+            tqdm.write(f"step {step}: heldout loss {ev['loss']:.4f}  top-1 acc per step "
                        + " ".join(f"{a:.3f}" for a in ev["acc"]))
     bar.close()
     summary = {"steps": step, "train_sequences": len(train_set), "eval_sequences": len(eval_set),
                "tokens": sum(len(s.input_ids) for s in train_set), "eval": history}
     if run.main and cfg.export:
-        tcfg = model.config.get_text_config(decoder=True)
-        save_head(head, cfg.export, HeadConfig(
-            target=cfg.target, model_type=tcfg.model_type, hidden_size=tcfg.hidden_size, vocab_size=vocab,
-            draft_vocab=[] if draft_vocab is None else draft_vocab.tolist()), dtype=getattr(torch, cfg.export_dtype))
+        recipe.export(cfg, model)
     run.barrier()
     return summary
