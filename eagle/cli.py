@@ -106,6 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("head-info", help="size and FLOPs per draft step of a head")
     h.add_argument("--head", default="heads/smollm2-135m")
     h.add_argument("--target", default="smollm2-135m")
+
+    x = sub.add_parser("export", help="write a head in the official EAGLE-1/2 layout or vLLM's (docs/interop.md)",
+                       description="Write an EAGLE-1/2 head (ours, or one in the official or vLLM layout) as "
+                       "config.json + model.safetensors in another layout. docs/interop.md: what each layout "
+                       "holds, fc.bias, embed_tokens and the draft vocabulary.")
+    x.add_argument("--head", required=True, help="head folder (native, official EAGLE-1/2 or vLLM layout)")
+    x.add_argument("--format", required=True, choices=["eagle", "eagle3", "vllm"],
+                   help="eagle: official EAGLE-1/2 (SafeAILab/EAGLE); vllm: vLLM's EAGLE-1 "
+                        "(EagleLlamaForCausalLM, no fc bias); eagle3: EAGLE-3 heads only")
+    x.add_argument("--out", required=True, help="output folder (new, empty, or a previous export to replace)")
+    x.add_argument("--full-vocab", action="store_true",
+                   help="export a head with a reduced draft vocabulary anyway: the exported head drafts over "
+                        "the full vocabulary")
     return ap
 
 
@@ -335,6 +348,15 @@ def _head_info(args) -> None:
           f"{head.flops_per_token() / 1e6:.1f} MFLOP")
 
 
+def _export(args) -> None:
+    from .heads.formats import export_head
+
+    _quiet_transformers()
+    for note in export_head(args.head, args.format, args.out, full_vocab=args.full_vocab):
+        print(f"note: {note}")
+    print(f"wrote {args.out}: {args.format} layout (config.json + model.safetensors)")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
@@ -345,7 +367,7 @@ def main(argv=None) -> int:
 
     try:
         {"generate": _generate, "bench": _bench, "sweep": _sweep, "train": _train, "distill": _distill,
-         "head-info": _head_info}[args.cmd](args)
+         "head-info": _head_info, "export": _export}[args.cmd](args)
     except (UsageError, ConfigError, TargetNotFound, PromptFileError, ValueError, OSError) as e:
         print(f"eagle: error: {e}", file=sys.stderr)
         return 2

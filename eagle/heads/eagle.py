@@ -193,7 +193,12 @@ def read_head_config(folder: str | Path) -> HeadConfig:
 
 def check_head(folder: str | Path) -> HeadConfig:
     """:func:`read_head_config` plus a read of the weight file's header (a truncated or corrupt
-    file is found here, before any model is loaded): the cheap check a command runs first."""
+    file is found here, before any model is loaded): the cheap check a command runs first. Folders in
+    the official EAGLE-1/2 or vLLM layout get their own check (:mod:`eagle.heads.formats`)."""
+    from .formats import check_layout, detect_layout
+
+    if detect_layout(folder) != "native":
+        return check_layout(folder)
     cfg = read_head_config(folder)
     check_safetensors(Path(folder) / "model.safetensors", HeadError)
     return cfg
@@ -204,7 +209,13 @@ def load_head(folder: str | Path, model) -> DraftHead:
 
     Raises :class:`HeadError` for a folder that is not a readable head (see :func:`read_head_config`;
     also a truncated or corrupt model.safetensors), :class:`HeadMismatchError` for a head trained for
-    another hidden size, vocabulary or architecture."""
+    another hidden size, vocabulary or architecture. A folder in the official EAGLE-1/2 layout
+    (SafeAILab/EAGLE) or vLLM's is recognised from its files and converted on the fly
+    (:func:`eagle.heads.formats.load_layout`; docs/interop.md)."""
+    from .formats import detect_layout, load_layout
+
+    if detect_layout(folder) != "native":
+        return load_layout(folder, model)
     folder = Path(folder)
     cfg = read_head_config(folder)
     tcfg = model.config.get_text_config(decoder=True)
