@@ -139,7 +139,7 @@ def _check_drafters(configs) -> None:
     from .heads import check_head
 
     for cfg in configs:
-        if cfg.drafter.type == "eagle":
+        if cfg.drafter.type in ("eagle", "eagle3"):
             check_head(cfg.drafter.head)
         elif cfg.drafter.type == "model" and is_draft_model(cfg.drafter.model):
             check_draft_model(cfg.drafter.model)

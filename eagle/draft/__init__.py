@@ -20,11 +20,14 @@ def build_drafter(config, target) -> Drafter:
         return SelfDrafter(target, config.tree, sample=d.sample)
     if d.type == "ngram":
         return NgramDrafter(d.max_ngram, d.min_ngram, config.tree.depth, d.branches)
-    if d.type == "eagle":
+    if d.type in ("eagle", "eagle3"):
         from ..heads import load_head
         from ..heads.drafter import EagleDrafter
 
         head = load_head(d.head, target.model).to(target.device)
+        kind = "eagle3" if head.feature_layers else "eagle"
+        if kind != d.type:
+            raise ValueError(f"head {d.head} is an {kind} head: use drafter type '{kind}', not '{d.type}'")
         return EagleDrafter(target, head, config.tree, sample=d.sample,
                             dtype=getattr(torch, d.dtype) if d.dtype else None)
     if d.type == "model":

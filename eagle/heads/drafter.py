@@ -27,7 +27,13 @@ from ..draft.shape import TreeShape
 
 
 class EagleDrafter(Drafter):
-    """``head`` is used as given when ``dtype`` is None or its own dtype; otherwise the drafter
+    """Drafts with an EAGLE-1/2 head (:class:`~eagle.heads.eagle.DraftHead`) or an EAGLE-3 head
+    (:class:`~eagle.heads.eagle3.Eagle3Head`): both take ``(hidden, token embedding)`` pairs and
+    predict the next hidden state; they differ in what enters from the target (``head.enter``: the
+    final feature as is, or fused layers through ``fc``), in the readout (``head.pre_logits``,
+    ``head.draft_weight``) and in the draft-to-target vocabulary map (``head.vocab_map``).
+
+    ``head`` is used as given when ``dtype`` is None or its own dtype; otherwise the drafter
     works on a copy cast to ``dtype`` (the rotary embedding stays in float32: positions in the
     hundreds are not representable exactly in bfloat16)."""
 
@@ -36,12 +42,15 @@ class EagleDrafter(Drafter):
         self.dtype = dtype or head.fc.weight.dtype
         if self.dtype != head.fc.weight.dtype:
             head = copy.deepcopy(head)
-            head.fc.to(self.dtype)
-            head.layer.to(self.dtype)
+            for name, child in head.named_children():
+                if name != "rotary":
+                    child.to(self.dtype)
         self.target, self.head, self.shape, self.sample = target, head, shape, sample
-        self.lm_w = head.lm_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
+        self.feature_layers = head.feature_layers
+        self.lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
         self.vocab = target.lm_head.weight.shape[0]
-        self.d2t = head.draft_vocab.to(target.device) if head.draft_vocab.numel() else None
+        vmap = head.vocab_map
+        self.d2t = None if vmap is None else vmap.to(target.device)
         if target.use_kernel:  # the head's tree levels go through the same kernel as the target
             from ..target import register_tree_attention
 
@@ -75,11 +84,11 @@ class EagleDrafter(Drafter):
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids)."""
-        return project(feats, self.lm_w).float()
+        return project(self.head.pre_logits(feats), self.lm_w).float()
 
     def catch_up(self) -> torch.Tensor:
         """Run the pending committed pairs through the head; returns the last predicted feature."""
-        feats = torch.cat(self.pending_f)  # (m, H)
+        feats = self.head.enter(torch.cat(self.pending_f).to(self.dtype))  # (m, H): EAGLE-3 fuses (m, 3H)
         toks = torch.cat(self.pending_x)  # (m,)
         self.pending_f, self.pending_x = [], []
         c = self.cache.length

@@ -45,6 +45,8 @@ class HeadConfig:
     vocab_size: int
     draft_vocab: list[int] = field(default_factory=list)  # draft id -> target id; empty = full vocab
     target_config: dict = field(default_factory=dict)  # the target's text config (for the layer)
+    type: str = "eagle"  # eagle (EAGLE-1/2, this module) | eagle3 (eagle/heads/eagle3.py)
+    feature_layers: list[int] = field(default_factory=list)  # eagle3: target hidden_states indices it fuses
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -115,6 +117,24 @@ class DraftHead(nn.Module):
         w = lm_head.weight
         return w if self.draft_vocab.numel() == 0 else w[self.draft_vocab]
 
+    # ---- the interface the drafter uses for every head type (see eagle/heads/eagle3.py) -------
+    feature_layers = None  # reads the target's final feature
+
+    def enter(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features as the head's input: the final feature goes in as it is."""
+        return features
+
+    def pre_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # the predicted feature is already in the target's final (normed) space
+
+    def draft_weight(self, target_lm_head: nn.Module) -> torch.Tensor:
+        return self.lm_weight(target_lm_head)
+
+    @property
+    def vocab_map(self) -> torch.Tensor | None:
+        """``(Vd,)`` target id of each draft id, or None for the full vocabulary."""
+        return self.draft_vocab if self.draft_vocab.numel() else None
+
     def flops_per_token(self) -> int:
         """Multiply-adds x 2 of one drafted token (fc + layer + draft LM head), attention excluded."""
         n_params = sum(p.numel() for n, p in self.named_parameters() if "norm" not in n)
@@ -122,20 +142,22 @@ class DraftHead(nn.Module):
         return 2 * (n_params + vd * self.hidden_size)
 
 
-def save_head(head: DraftHead, folder: str | Path, config: HeadConfig, dtype: torch.dtype | None = None) -> None:
-    """Write ``model.safetensors`` + ``config.json`` atomically into ``folder`` (weights cast to
-    ``dtype`` when given, e.g. float16 to halve a shipped checkpoint; loading casts back)."""
+def save_head(head: nn.Module, folder: str | Path, config: HeadConfig, dtype: torch.dtype | None = None) -> None:
+    """Write ``model.safetensors`` + ``config.json`` atomically into ``folder`` (floating-point
+    weights cast to ``dtype`` when given, e.g. float16 to halve a shipped checkpoint; loading casts
+    back; integer and bool buffers such as EAGLE-3's ``d2t`` / ``t2d`` keep their type)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
-    state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
-             if k != "draft_vocab" and not k.startswith("rotary.")}
+    state = {k: v.detach().cpu().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+             for k, v in head.state_dict().items() if k != "draft_vocab" and not k.startswith("rotary.")}
     save_file(state, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(config.to_json())
     replace_dir(tmp, folder)
 
 
 _HEAD_FILES = "config.json + model.safetensors"
+HEAD_KINDS = ("eagle", "eagle3")
 
 
 def _looks_like(folder: Path, raw: dict) -> str:
@@ -179,11 +201,18 @@ def read_head_config(folder: str | Path) -> HeadConfig:
         raise HeadError(f"{path}: unknown keys {unknown} (a head config has {known})")
     for key, typ, what in (("target", str, "a string"), ("model_type", str, "a string"), ("hidden_size", int, "an integer"),
                            ("vocab_size", int, "an integer"), ("draft_vocab", list, "a list"),
-                           ("target_config", dict, "an object")):
+                           ("target_config", dict, "an object"), ("type", str, "a string"),
+                           ("feature_layers", list, "a list")):
         if key in raw and (not isinstance(raw[key], typ) or isinstance(raw[key], bool)):
             raise HeadError(f"{path}: '{key}' must be {what}, got {json.dumps(raw[key])[:60]}")
     if raw["hidden_size"] < 1 or raw["vocab_size"] < 1:
         raise HeadError(f"{path}: hidden_size and vocab_size must be >= 1")
+    if raw.get("type", "eagle") not in HEAD_KINDS:
+        raise HeadError(f"{path}: 'type' must be one of {', '.join(HEAD_KINDS)}, got {json.dumps(raw['type'])[:60]}")
+    if raw.get("type") == "eagle3" and not raw.get("feature_layers"):
+        raise HeadError(f"{path}: an eagle3 head needs 'feature_layers' (the target layers it fuses)")
+    if not all(isinstance(i, int) and i >= 0 for i in raw.get("feature_layers", [])):
+        raise HeadError(f"{path}: 'feature_layers' must hold layer indices >= 0")
     if not all(isinstance(i, int) and 0 <= i < raw["vocab_size"] for i in raw.get("draft_vocab", [])):
         raise HeadError(f"{path}: 'draft_vocab' must hold token ids in [0, {raw['vocab_size']})")
     if not (folder / "model.safetensors").is_file():
@@ -231,7 +260,18 @@ def load_head(folder: str | Path, model) -> DraftHead:
     weights = folder / "model.safetensors"
     check_safetensors(weights, HeadError)
     state = load_file(str(weights))
-    head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
+    if cfg.type == "eagle3":
+        from .eagle3 import Eagle3Head
+
+        bad = [i for i in cfg.feature_layers if i > tcfg.num_hidden_layers]
+        if bad:
+            raise HeadMismatchError(f"head {folder} reads target layers {bad}; the target has {tcfg.num_hidden_layers}")
+        if "d2t" not in state:
+            raise HeadMismatchError(f"head {folder} is an eagle3 head without a 'd2t' tensor")
+        d2t = state["d2t"].long()
+        head = Eagle3Head.for_target(model, torch.arange(len(d2t)) + d2t, cfg.feature_layers)
+    else:
+        head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a tensor of another shape than the target's layer has

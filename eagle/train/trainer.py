@@ -5,6 +5,7 @@ run resumed from a checkpoint continues exactly where an uninterrupted one would
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,10 @@ class TrainConfig:
     noise: float = 0.1  # uniform feature noise U(-noise, noise) on the head's input features
     cls_weight: float = 0.1
     unroll: int = 1  # >1: EAGLE-3-style training-time test, feeding the head its own predictions
+    # --- eagle3 (eagle/train/eagle3.py): the training-time test drafts this many steps per position,
+    # step j's loss weighted ttt_decay ** j
+    ttt_steps: int = 7
+    ttt_decay: float = 0.8
     train_on_prompt: bool = False
     heldout_fraction: float = 0.03
     eval_every: int = 200
@@ -74,10 +79,16 @@ class TrainConfig:
     export_dtype: str = "float32"  # float32 | float16 | bfloat16 (storage of the exported weights)
 
     def validate(self) -> None:
+        # "~/..." folders: long data and training runs can live outside the work tree (e.g. under
+        # ~/.cache/eagle), where a fresh checkout of the repository does not remove them
+        for name in ("data_dir", "out_dir"):
+            setattr(self, name, os.path.expanduser(getattr(self, name)))
         if self.head not in HEAD_TYPES:
             raise ConfigError(f"head must be one of {', '.join(HEAD_TYPES)}, got '{self.head}'")
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
+        if self.ttt_steps < 1 or not 0 < self.ttt_decay <= 1:
+            raise ConfigError("ttt_steps must be >= 1 and ttt_decay in (0, 1]")
         if self.data_tokens < 0:
             raise ConfigError("data_tokens must be >= 0 (0 = all the data)")
         if any(i < 0 for i in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):
