@@ -107,18 +107,20 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--head", default="heads/smollm2-135m")
     h.add_argument("--target", default="smollm2-135m")
 
-    x = sub.add_parser("export", help="write a head in the official EAGLE-1/2 layout or vLLM's (docs/interop.md)",
-                       description="Write an EAGLE-1/2 head (ours, or one in the official or vLLM layout) as "
-                       "config.json + model.safetensors in another layout. docs/interop.md: what each layout "
-                       "holds, fc.bias, embed_tokens and the draft vocabulary.")
-    x.add_argument("--head", required=True, help="head folder (native, official EAGLE-1/2 or vLLM layout)")
+    x = sub.add_parser("export", help="write a head in the official EAGLE-1/2 or EAGLE-3 layout or vLLM's "
+                       "(docs/interop.md)",
+                       description="Write an EAGLE-1/2 or EAGLE-3 head (ours, or one in the official or vLLM "
+                       "layout) as config.json + model.safetensors in another layout. docs/interop.md: what each "
+                       "layout holds, fc.bias, embed_tokens, the draft vocabulary, d2t/t2d and the fused layers.")
+    x.add_argument("--head", required=True, help="head folder (native, official EAGLE-1/2 or EAGLE-3, or vLLM layout)")
     x.add_argument("--format", required=True, choices=["eagle", "eagle3", "vllm"],
-                   help="eagle: official EAGLE-1/2 (SafeAILab/EAGLE); vllm: vLLM's EAGLE-1 "
-                        "(EagleLlamaForCausalLM, no fc bias); eagle3: EAGLE-3 heads only")
+                   help="eagle: official EAGLE-1/2 (SafeAILab/EAGLE); eagle3: official EAGLE-3 "
+                        "(LlamaForCausalLMEagle3, also SGLang's; default fused layers only); vllm: vLLM's EAGLE-1 "
+                        "(EagleLlamaForCausalLM, no fc bias) or, for an EAGLE-3 head, its Eagle3LlamaForCausalLM")
     x.add_argument("--out", required=True, help="output folder (new, empty, or a previous export to replace)")
     x.add_argument("--full-vocab", action="store_true",
-                   help="export a head with a reduced draft vocabulary anyway: the exported head drafts over "
-                        "the full vocabulary")
+                   help="EAGLE-1/2: export a head with a reduced draft vocabulary anyway: the exported head drafts "
+                        "over the full vocabulary (EAGLE-3 layouts keep theirs: d2t/t2d)")
     return ap
 
 

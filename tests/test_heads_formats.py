@@ -220,9 +220,12 @@ def test_detect_layout(tmp_path):
                                                      draft_vocab_size=32), {"fc.weight": torch.zeros(H, 3 * H)})
     write_official(tmp_path / "e3b", official_config(model), {"midlayer.mlp.up_proj.weight": torch.zeros(2, 2),
                                                               "d2t": torch.zeros(2, dtype=torch.long)})
+    write_official(tmp_path / "e3c", official_config(model, architectures=["Eagle3LlamaForCausalLM"]),
+                   {"fc.weight": torch.zeros(H, 3 * H)})
     assert detect_layout(tmp_path / "e3a") == detect_layout(tmp_path / "e3b") == "eagle3"
-    with pytest.raises(HeadError, match=r"e3a is an EAGLE-3 head \(LlamaForCausalLMEagle3\); this reads EAGLE-1/2 "
-                                        r"heads \(layouts native, eagle, vllm\)") as err:
+    assert detect_layout(tmp_path / "e3c") == "vllm-eagle3"
+    # read by the EAGLE-3 reader (tests/test_heads_formats_eagle3.py), not as an EAGLE-1/2 head
+    with pytest.raises(HeadError, match=r"e3a: tensor 'd2t' missing \(expected shape \[32\]\)") as err:
         load_head(tmp_path / "e3a", model)
     one_line(err)
     # not heads at all: the native reader's errors (a causal LM's keys sit under model.*)
@@ -543,13 +546,13 @@ def test_native_head_without_target_config_reads_its_target(tmp_path):
 
 
 def test_layout_table():
-    """A layout is a row: renames both ways, and a config builder (an EAGLE-3 row adds the same)."""
+    """A layout is a row: renames both ways, and a config builder (the EAGLE-3 rows: test_heads_formats_eagle3.py)."""
     spec = LayerSpec.of_target(make_tiny_head_target("qwen2").config.to_dict())
-    for lay in LAYOUTS.values():
+    for lay in (LAYOUTS["eagle"], LAYOUTS["vllm"]):
         assert lay.kind == "eagle"
         for ours in spec.tensors():
             assert lay.from_file(lay.to_file(ours)) == ours
-        assert lay.build_config(spec, "float32")["architectures"] == [lay.architecture]
+        assert lay.build_config(spec, "float32", None)["architectures"] == [lay.architecture]
     assert LAYOUTS["eagle"].to_file("layer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
     assert LAYOUTS["eagle"].from_file("embed_tokens.weight") is None
 

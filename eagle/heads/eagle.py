@@ -223,7 +223,7 @@ def read_head_config(folder: str | Path) -> HeadConfig:
 def check_head(folder: str | Path) -> HeadConfig:
     """:func:`read_head_config` plus a read of the weight file's header (a truncated or corrupt
     file is found here, before any model is loaded): the cheap check a command runs first. Folders in
-    the official EAGLE-1/2 or vLLM layout get their own check (:mod:`eagle.heads.formats`)."""
+    the official EAGLE-1/2 or EAGLE-3 layout or vLLM's get their own check (:mod:`eagle.heads.formats`)."""
     from .formats import check_layout, detect_layout
 
     if detect_layout(folder) != "native":
@@ -238,8 +238,8 @@ def load_head(folder: str | Path, model) -> DraftHead:
 
     Raises :class:`HeadError` for a folder that is not a readable head (see :func:`read_head_config`;
     also a truncated or corrupt model.safetensors), :class:`HeadMismatchError` for a head trained for
-    another hidden size, vocabulary or architecture. A folder in the official EAGLE-1/2 layout
-    (SafeAILab/EAGLE) or vLLM's is recognised from its files and converted on the fly
+    another hidden size, vocabulary or architecture. A folder in the official EAGLE-1/2 or EAGLE-3
+    layout (SafeAILab/EAGLE; SGLang's) or vLLM's is recognised from its files and converted on the fly
     (:func:`eagle.heads.formats.load_layout`; docs/interop.md)."""
     from .formats import detect_layout, load_layout
 
@@ -261,7 +261,7 @@ def load_head(folder: str | Path, model) -> DraftHead:
     check_safetensors(weights, HeadError)
     state = load_file(str(weights))
     if cfg.type == "eagle3":
-        from .eagle3 import Eagle3Head
+        from .formats import eagle3_for_target
 
         bad = [i for i in cfg.feature_layers if i > tcfg.num_hidden_layers]
         if bad:
@@ -269,7 +269,8 @@ def load_head(folder: str | Path, model) -> DraftHead:
         if "d2t" not in state:
             raise HeadMismatchError(f"head {folder} is an eagle3 head without a 'd2t' tensor")
         d2t = state["d2t"].long()
-        head = Eagle3Head.for_target(model, torch.arange(len(d2t)) + d2t, cfg.feature_layers)
+        # an imported head keeps its own layer (e.g. the official heads' RoPE base) in target_config
+        head = eagle3_for_target(model, torch.arange(len(d2t)) + d2t, cfg.feature_layers, cfg.target_config)
     else:
         head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
     try:
