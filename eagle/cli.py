@@ -341,8 +341,18 @@ def _head_info(args) -> None:
     model, _ = load_target(args.target)
     head = load_head(args.head, model)
     n = sum(p.numel() for p in head.parameters())
-    vd = head.draft_vocab.numel() or model.config.vocab_size
     print(f"head: {args.head}  (target {head.config.target}, hidden {head.hidden_size})")
+    if head.feature_layers:  # EAGLE-3: own norm and LM head over its draft vocabulary
+        vd = head.lm_head.weight.shape[0]
+        layer = sum(p.numel() for p in head.midlayer.parameters())
+        print(f"EAGLE-3 head fusing target layers {list(head.feature_layers)}")
+        print(f"trainable parameters: {n / 1e6:.2f} M  (fc {head.fc.weight.numel() / 1e6:.2f} M, "
+              f"layer {layer / 1e6:.2f} M, own LM head {head.lm_head.weight.numel() / 1e6:.2f} M)")
+        print(f"draft vocabulary: {vd} tokens (own LM head; d2t maps them to target ids)")
+        print(f"FLOPs per drafted token (layer + norm + draft LM head, attention excluded; fc once per "
+              f"committed token): {head.flops_per_token() / 1e6:.1f} MFLOP")
+        return
+    vd = head.draft_vocab.numel() or model.config.vocab_size
     print(f"trainable parameters: {n / 1e6:.2f} M  (fc {head.fc.weight.numel() / 1e6:.2f} M, "
           f"layer {sum(p.numel() for p in head.layer.parameters()) / 1e6:.2f} M)")
     print(f"draft vocabulary: {vd} tokens (shared, frozen target LM head rows: {vd * head.hidden_size / 1e6:.2f} M)")

@@ -161,3 +161,20 @@ def test_checkpoint_round_trip_and_drafter_type(tmp_path):
 
     with pytest.raises(HeadMismatchError, match=r"reads target layers \[9\]"):
         load_head(tmp_path / "h", model)
+
+
+def test_head_info_describes_an_eagle3_head(tmp_path, monkeypatch, capsys):
+    import eagle.models
+
+    from conftest import run_cli
+
+    model = make_tiny_head_target("llama")
+    ids = torch.arange(0, V, 2)
+    head = random_eagle3(model, seed=5, draft_ids=ids)
+    save_head(head, tmp_path / "h", HeadConfig(target="tiny", model_type="llama", hidden_size=model.config.hidden_size,
+                                               vocab_size=V, type="eagle3", feature_layers=list(LAYERS)))
+    monkeypatch.setattr(eagle.models, "load_target", lambda name, **kw: (model, None))
+    code, out, err = run_cli(["head-info", "--head", str(tmp_path / "h"), "--target", "tiny"], capsys)
+    assert code == 0, err
+    assert "EAGLE-3 head fusing target layers [0, 1, 2]" in out
+    assert f"draft vocabulary: {len(ids)} tokens" in out
