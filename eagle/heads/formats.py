@@ -457,16 +457,10 @@ class _Head:
     e3: Eagle3Info | None = None  # EAGLE-3: draft vocabulary size, fused layers, the target's layer count
 
 
-def _read_official(folder: Path, probe: _Probe) -> _Head:
-    layout = LAYOUTS[probe.layout]
-    raw, where = probe.config, folder / "config.json"
-    if raw.get("num_hidden_layers", 1) != 1:
-        raise HeadError(f"{where}: num_hidden_layers is {raw.get('num_hidden_layers')}; EAGLE-1/2 heads have one layer")
-    if probe.weights is None:
-        raise HeadError(f"{folder}: no {' or '.join(WEIGHT_FILES)} (the head's weights)")
-    spec = LayerSpec.from_config(raw, str(where), raw.get("qkv_bias", False), head_dim_key=layout.name != "eagle")
+def _renamed_state(folder, probe: "_Probe", layout: "Layout", holds: str) -> tuple[dict, torch.Tensor | None]:
+    """The folder's tensors under our names (``layout.from_file``) and its ``embed_tokens.weight``
+    (or None); any other tensor is a one-line error listing it and saying what the layout ``holds``."""
     file_state = probe.state if probe.state is not None else _read_weights(probe.weights)
-    embed = file_state.get(EMBED)
     state, unknown = {}, []
     for k, v in file_state.items():
         ours = layout.from_file(k)
@@ -476,8 +470,19 @@ def _read_official(folder: Path, probe: _Probe) -> _Head:
             unknown.append(k)
     if unknown:
         listed = ", ".join(f"{k!r} {_shape(file_state[k].shape)}" for k in unknown[:4])
-        raise HeadMismatchError(f"head {folder}: unexpected tensor {listed} (an EAGLE-1/2 head holds fc.*, layers.0.* "
-                                f"and optionally {EMBED})")
+        raise HeadMismatchError(f"head {folder}: unexpected tensor {listed} ({holds})")
+    return state, file_state.get(EMBED)
+
+
+def _read_official(folder: Path, probe: _Probe) -> _Head:
+    layout = LAYOUTS[probe.layout]
+    raw, where = probe.config, folder / "config.json"
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise HeadError(f"{where}: num_hidden_layers is {raw.get('num_hidden_layers')}; EAGLE-1/2 heads have one layer")
+    if probe.weights is None:
+        raise HeadError(f"{folder}: no {' or '.join(WEIGHT_FILES)} (the head's weights)")
+    spec = LayerSpec.from_config(raw, str(where), raw.get("qkv_bias", False), head_dim_key=layout.name != "eagle")
+    state, embed = _renamed_state(folder, probe, layout, f"an EAGLE-1/2 head holds fc.*, layers.0.* and optionally {EMBED}")
     fc_w = state.get("fc.weight")
 
     def zero_bias() -> torch.Tensor:  # the bias a layout without one stands for (a missing fc.weight is named later)
@@ -598,19 +603,8 @@ def _read_eagle3(folder: Path, probe: _Probe, target: LayerSpec | None = None) -
                                 f"{spec.hidden_size}; a draft narrower or wider than its target is not supported "
                                 "(Eagle3Head works at the target's hidden size)")
     layers = _config_layers(raw, where)
-    file_state = probe.state if probe.state is not None else _read_weights(probe.weights)
-    embed = file_state.get(EMBED)
-    state, unknown = {}, []
-    for k, v in file_state.items():
-        ours = layout.from_file(k)
-        if ours is not None:
-            state[ours] = v
-        elif k != EMBED:
-            unknown.append(k)
-    if unknown:
-        listed = ", ".join(f"{k!r} {_shape(file_state[k].shape)}" for k in unknown[:4])
-        raise HeadMismatchError(f"head {folder}: unexpected tensor {listed} (an EAGLE-3 head holds fc.weight, "
-                                f"midlayer.*, norm.weight, lm_head.weight, d2t, t2d and optionally {EMBED})")
+    state, embed = _renamed_state(folder, probe, layout, "an EAGLE-3 head holds fc.weight, midlayer.*, norm.weight, "
+                                  f"lm_head.weight, d2t, t2d and optionally {EMBED}")
     lm = state.get("lm_head.weight")
     if lm is not None and lm.dim() == 2 and lm.shape[0] != draft:
         said = f"draft_vocab_size = {draft}" if "draft_vocab_size" in raw else \
