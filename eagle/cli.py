@@ -143,6 +143,14 @@ def _check_drafters(configs) -> None:
     for cfg in configs:
         if cfg.drafter.type in ("eagle", "eagle3"):
             check_head(cfg.drafter.head)
+        elif cfg.drafter.type == "medusa":
+            from .config import ConfigError
+            from .heads.medusa import check_medusa, tree_depth
+
+            k, depth = check_medusa(cfg.drafter.head).num_heads, tree_depth(cfg.tree)
+            if depth > k:
+                raise ConfigError(f"{cfg.name}: tree depth {depth} needs {depth} Medusa heads, {cfg.drafter.head} "
+                                  f"has {k}")
         elif cfg.drafter.type == "model" and is_draft_model(cfg.drafter.model):
             check_draft_model(cfg.drafter.model)
 

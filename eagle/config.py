@@ -15,7 +15,7 @@ from .runtime import DTYPES, RuntimeConfig
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml", "resolve_path"]
 
-DRAFTERS = ("none", "self", "ngram", "eagle", "eagle3", "model")
+DRAFTERS = ("none", "self", "ngram", "eagle", "eagle3", "model", "medusa")
 ATTENTION = ("auto", "triton", "reference")
 DRAFT_DTYPES = ("",) + DTYPES  # "" = the target's
 
@@ -27,7 +27,8 @@ class ConfigError(ValueError):
 @dataclass
 class DrafterConfig:
     """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram, eagle
-    (an EAGLE-1/2 head), eagle3 (an EAGLE-3 head), model (a separate small causal LM sharing the target's tokenizer)."""
+    (an EAGLE-1/2 head), eagle3 (an EAGLE-3 head), model (a separate small causal LM sharing the target's tokenizer),
+    medusa (Medusa-1 heads, eagle/heads/medusa.py)."""
 
     type: str = "none"
     head: str = ""  # eagle: a head checkpoint folder (relative paths: cwd, then the repo root)
@@ -62,10 +63,12 @@ class DecodeConfig:
         if self.drafter.dtype not in DRAFT_DTYPES:
             raise ConfigError(f"drafter.dtype must be one of {DRAFT_DTYPES[1:]} (or empty for the target's), "
                               f"got '{self.drafter.dtype}'")
-        if self.drafter.dtype and self.drafter.type not in ("eagle", "eagle3"):
-            raise ConfigError(f"drafter.dtype applies to the eagle and eagle3 drafters only, not '{self.drafter.type}'")
+        if self.drafter.dtype and self.drafter.type not in ("eagle", "eagle3", "medusa"):
+            raise ConfigError(f"drafter.dtype applies to the eagle, eagle3 and medusa drafters only, not '{self.drafter.type}'")
         if self.drafter.type in ("eagle", "eagle3") and not self.drafter.head:
             raise ConfigError(f"drafter.type '{self.drafter.type}' needs drafter.head (a head checkpoint folder)")
+        if self.drafter.type == "medusa" and not self.drafter.head:
+            raise ConfigError("drafter.type 'medusa' needs drafter.head (a Medusa head folder)")
         if self.drafter.type == "model" and not self.drafter.model:
             raise ConfigError("drafter.type 'model' needs drafter.model (a model name or folder)")
         if self.drafter.sample and self.tree.shape == "dynamic":

@@ -30,6 +30,11 @@ def build_drafter(config, target) -> Drafter:
             raise ValueError(f"head {d.head} is an {kind} head: use drafter type '{kind}', not '{d.type}'")
         return EagleDrafter(target, head, config.tree, sample=d.sample,
                             dtype=getattr(torch, d.dtype) if d.dtype else None)
+    if d.type == "medusa":
+        from ..heads.medusa import MedusaDrafter, load_medusa
+
+        return MedusaDrafter(target, load_medusa(d.head, target.model), config.tree, sample=d.sample,
+                             dtype=getattr(torch, d.dtype) if d.dtype else None)
     if d.type == "model":
         from ..draft_model import is_draft_model, load_draft_model
         from ..models import load_model

@@ -33,6 +33,10 @@ class TrainConfig:
 
     target: str = "smollm2-135m"
     head: str = "eagle"  # eagle (EAGLE-1/2) | eagle3 (eagle/train/eagle3.py) | medusa (eagle/train/medusa.py)
+    # --- medusa (eagle/train/medusa.py)
+    medusa_heads: int = 4  # K heads; head k predicts the token k + 1 steps ahead (tree depth k)
+    medusa_lm_head: str = "own"  # own: a trained LM head per head over the draft vocabulary | shared: the target's, frozen
+    medusa_decay: float = 1.0  # loss weight of head k: medusa_decay ** (k - 1) (Medusa-1 used 0.8)
     # --- data: the target answers these prompts (ours, plus optional ShareGPT/UltraChat files)
     prompts: str = "experiments/data/prompts/train.jsonl"
     extra_data: list[str] = field(default_factory=list)
@@ -85,6 +89,14 @@ class TrainConfig:
             setattr(self, name, os.path.expanduser(getattr(self, name)))
         if self.head not in HEAD_TYPES:
             raise ConfigError(f"head must be one of {', '.join(HEAD_TYPES)}, got '{self.head}'")
+        if self.medusa_heads < 1:
+            raise ConfigError(f"medusa_heads must be >= 1, got {self.medusa_heads}")
+        if self.medusa_lm_head not in ("own", "shared"):
+            raise ConfigError(f"medusa_lm_head must be 'own' or 'shared', got '{self.medusa_lm_head}'")
+        if not 0 < self.medusa_decay <= 1:
+            raise ConfigError(f"medusa_decay must be in (0, 1], got {self.medusa_decay}")
+        if self.head == "medusa" and self.extraction != "offline":
+            raise ConfigError("head: medusa trains on the stored features: it needs extraction: offline")
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
         if self.ttt_steps < 1 or not 0 < self.ttt_decay <= 1:
