@@ -327,7 +327,7 @@ def _train(args) -> None:
         m = make_data(cfg)
         print(f"{cfg.data_dir}: {m['prompts_done']} prompts, {m['tokens']:,} tokens in {len(m['shards'])} shards")
         return
-    _report_training(cfg, train(cfg), "final heldout loss {loss:.4f}, top-1 accuracy per unroll step {acc}", "head")
+    _report_training(cfg, train(cfg), "final heldout loss {loss:.4f}, top-1 accuracy per draft step (depth; a Medusa head each) {acc}", "head")
 
 
 def _distill(args) -> None:
@@ -344,6 +344,10 @@ def _head_info(args) -> None:
     from .heads import check_head, load_head
     from .models import load_target
 
+    from .heads.medusa import is_medusa
+
+    if is_medusa(args.head):
+        return _medusa_info(args)
     check_head(args.head)
     _quiet_transformers()
     model, _ = load_target(args.target)
@@ -366,6 +370,20 @@ def _head_info(args) -> None:
     print(f"draft vocabulary: {vd} tokens (shared, frozen target LM head rows: {vd * head.hidden_size / 1e6:.2f} M)")
     print(f"FLOPs per drafted token (fc + layer + draft LM head, attention excluded): "
           f"{head.flops_per_token() / 1e6:.1f} MFLOP")
+
+
+def _medusa_info(args) -> None:
+    from .heads.medusa import check_medusa, load_medusa
+    from .models import load_target
+
+    check_medusa(args.head)
+    _quiet_transformers()
+    model, _ = load_target(args.target)
+    heads = load_medusa(args.head, model)
+    n = sum(p.numel() for p in heads.parameters())
+    print(f"head: {args.head}  (Medusa-1, {heads.num_heads} heads: head k drafts tree depth k; LM head: "
+          f"{heads.lm_head_kind})")
+    print(f"trainable parameters: {n / 1e6:.2f} M")
 
 
 def _export(args) -> None:

@@ -514,3 +514,16 @@ def test_shipped_head_greedy_identical(smollm2):
     assert heads.config.target == "smollm2-135m" and heads.config.hidden_size == 576
     _, tau = shipped_config_mean_tau(smollm2, ROOT / "experiments/configs/medusa.yaml")
     assert tau > 1.2  # trained heads: drafts do get accepted
+
+
+
+def test_head_info_describes_a_medusa_head(model, tmp_path, monkeypatch, capsys):
+    import eagle.models
+    from conftest import run_cli
+
+    H, V_ = model.config.hidden_size, model.config.vocab_size
+    folder = save_heads(tmp_path / "m", model, MedusaHeads(H, 3, V_))
+    monkeypatch.setattr(eagle.models, "load_target", lambda name, **kw: (model, None))
+    code, out, err = run_cli(["head-info", "--head", str(folder), "--target", "tiny"], capsys)
+    assert code == 0, err
+    assert "Medusa-1, 3 heads" in out and "LM head: shared" in out
