@@ -39,7 +39,8 @@ class _Run:
         self.tokens.append(record["tokens"])
         self.seconds += record["seconds"]
         if record.get("stats") is not None:
-            self.stats.merge(DecodeStats(**record["stats"]))
+            # one record = one generation (records saved before the field existed lack it)
+            self.stats.merge(DecodeStats(**{"generations": 1, **record["stats"]}))
 
 
 def _hf_generate(model, ids, max_new_tokens, temperature, top_p, seed, eos):

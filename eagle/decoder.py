@@ -39,11 +39,13 @@ class DecodeStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
+    generations: int = 0  # generations summed into these counters (``generate`` sets 1; merge adds)
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per target forward in the decode phase."""
-        return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 1.0
+        """Mean tokens emitted per target forward in the decode phase: each generation's first token
+        comes from its prefill, so one token per generation is left out (merged stats included)."""
+        return (self.new_tokens - max(self.generations, 1)) / self.target_forwards if self.target_forwards else 1.0
 
     @property
     def alpha(self) -> float:
@@ -73,7 +75,7 @@ class DecodeStats:
 
     def merge(self, other: "DecodeStats") -> None:
         for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "reached", "prefill_s", "draft_s",
-                     "verify_s", "other_s"):
+                     "verify_s", "other_s", "generations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_hist", "depth_tried", "depth_accepted"):
             a, b = getattr(self, name), getattr(other, name)
@@ -179,7 +181,7 @@ class TreeDecoder:
             gen = torch.Generator()
             gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
         sampling = Sampling(temperature, top_p, gen)
-        target, drafter, stats = self.target, self.drafter, DecodeStats(prompt_tokens=len(ids))
+        target, drafter, stats = self.target, self.drafter, DecodeStats(prompt_tokens=len(ids), generations=1)
         ids = ids.to(target.device)
 
         t0 = time.perf_counter()

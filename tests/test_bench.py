@@ -1,5 +1,6 @@
 """`eagle bench` (eagle/bench.py) through the command line: the JSON contract, and a lower-precision run
 compared with its plain twin."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -55,3 +56,23 @@ def test_bench_lower_precision_against_its_plain_twin(tiny_target, tmp_path, cap
         for m in run["mismatches"] + run.get("mismatches_vs_twin", []):
             assert m["position"] >= 0 and m["logit_margin"] >= 0
     assert "identical to plain-bf16 (plain, same precision)" in out
+
+
+def test_pooled_tau_leaves_out_one_prefill_token_per_generation():
+    """Merged stats of several generations: tau = (sum of tokens - one per generation) / forwards,
+    the pooled value of the per-prompt definition (not one token left out for the whole bench)."""
+    from eagle.bench import _Run
+    from eagle.decoder import DecodeStats
+
+    a = DecodeStats(new_tokens=7, target_forwards=3, generations=1)  # (7 - 1) / 3 = 2
+    b = DecodeStats(new_tokens=9, target_forwards=2, generations=1)  # (9 - 1) / 2 = 4
+    total = DecodeStats()
+    total.merge(a)
+    total.merge(b)
+    assert total.generations == 2 and total.tau == (6 + 8) / 5
+    run = _Run()  # records saved before the field existed count one generation each
+    for st in (a, b):
+        old = dataclasses.asdict(st)
+        del old["generations"]
+        run.add({"tokens": [0] * st.new_tokens, "seconds": 1.0, "stats": old})
+    assert run.stats.tau == (6 + 8) / 5
