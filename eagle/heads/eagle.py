@@ -170,6 +170,26 @@ def _looks_like(folder: Path, raw: dict) -> str:
     return ""
 
 
+def read_config_json(folder: Path, what: str, kind: str, files: str) -> dict:
+    """The ``config.json`` object of a head folder; one-line :class:`HeadNotFoundError` /
+    :class:`HeadError` naming the folder or file when there is none, or it is not a JSON object
+    (``what``: "head" / "Medusa head"; ``kind``: "an EAGLE head"...; ``files``: what a folder holds)."""
+    if not folder.exists():
+        raise HeadNotFoundError(f"no {what} checkpoint at {folder}: no such folder (expected {files})")
+    if not folder.is_dir():
+        raise HeadError(f"{folder}: not a folder (a {what} checkpoint is a folder with {files})")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HeadError(f"{folder}: not {kind} (no config.json; expected {files})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # invalid JSON or not UTF-8
+        raise HeadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise HeadError(f"{path}: expected a JSON object, got a {type(raw).__name__}")
+    return raw
+
+
 def read_head_config(folder: str | Path) -> HeadConfig:
     """The checked :class:`HeadConfig` of a head folder, read without loading any weights.
 
@@ -177,19 +197,8 @@ def read_head_config(folder: str | Path) -> HeadConfig:
     naming the folder or file) for a folder that is not a head: no config.json or model.safetensors,
     a config.json that is not valid JSON, lacks keys, has unknown keys or values of the wrong type."""
     folder = Path(folder)
-    if not folder.exists():
-        raise HeadNotFoundError(f"no head checkpoint at {folder}: no such folder (expected {_HEAD_FILES})")
-    if not folder.is_dir():
-        raise HeadError(f"{folder}: not a folder (a head checkpoint is a folder with {_HEAD_FILES})")
+    raw = read_config_json(folder, "head", "an EAGLE head", _HEAD_FILES)
     path = folder / "config.json"
-    if not path.is_file():
-        raise HeadError(f"{folder}: not an EAGLE head (no config.json; expected {_HEAD_FILES})")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # invalid JSON or not UTF-8
-        raise HeadError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise HeadError(f"{path}: expected a JSON object, got a {type(raw).__name__}")
     known = [f.name for f in fields(HeadConfig)]
     required = [f.name for f in fields(HeadConfig) if f.default is MISSING and f.default_factory is MISSING]
     missing = [k for k in required if k not in raw]

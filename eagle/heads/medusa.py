@@ -33,7 +33,7 @@ from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape
 from ..io import check_safetensors, replace_dir
 from ..tree import Tree
-from .eagle import HeadError, HeadMismatchError, HeadNotFoundError
+from .eagle import HeadError, HeadMismatchError, read_config_json
 
 if TYPE_CHECKING:  # eagle.target imports transformers: not needed to read or check a checkpoint
     from ..target import Target
@@ -164,20 +164,7 @@ def save_medusa(heads: MedusaHeads, folder: str | Path, config: MedusaConfig, dt
 
 
 def _read_json(folder: Path) -> dict:
-    if not folder.exists():
-        raise HeadNotFoundError(f"no Medusa head checkpoint at {folder}: no such folder (expected {_FILES})")
-    if not folder.is_dir():
-        raise HeadError(f"{folder}: not a folder (a Medusa head checkpoint is a folder with {_FILES})")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise HeadError(f"{folder}: not a Medusa head (no config.json; expected {_FILES})")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise HeadError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise HeadError(f"{path}: expected a JSON object, got a {type(raw).__name__}")
-    return raw
+    return read_config_json(folder, "Medusa head", "a Medusa head", _FILES)
 
 
 def is_medusa(folder: str | Path) -> bool:
