@@ -242,6 +242,17 @@ def check_head(folder: str | Path) -> HeadConfig:
     return cfg
 
 
+def check_fits_target(label: str, cfg, tcfg) -> None:
+    """:class:`HeadMismatchError` when a head's recorded ``hidden_size``, ``vocab_size`` or
+    ``model_type`` (``cfg``) differ from the target's text config ``tcfg``; ``label`` names the head."""
+    for what, mine, theirs in (("hidden size", cfg.hidden_size, tcfg.hidden_size),
+                               ("vocabulary of", cfg.vocab_size, tcfg.vocab_size)):
+        if mine != theirs:
+            raise HeadMismatchError(f"{label} was trained for a {what} {mine}, the target has {theirs}")
+    if cfg.model_type != tcfg.model_type:
+        raise HeadMismatchError(f"{label} was trained for a '{cfg.model_type}' target, this one is '{tcfg.model_type}'")
+
+
 def load_head(folder: str | Path, model) -> DraftHead:
     """Load a head checkpoint onto ``model``.
 
@@ -257,15 +268,7 @@ def load_head(folder: str | Path, model) -> DraftHead:
     folder = Path(folder)
     cfg = read_head_config(folder)
     tcfg = model.config.get_text_config(decoder=True)
-    if cfg.hidden_size != tcfg.hidden_size:
-        raise HeadMismatchError(f"head {folder} was trained for hidden size {cfg.hidden_size}, "
-                                f"the target has {tcfg.hidden_size}")
-    if cfg.vocab_size != tcfg.vocab_size:
-        raise HeadMismatchError(f"head {folder} was trained for a vocabulary of {cfg.vocab_size}, "
-                                f"the target has {tcfg.vocab_size}")
-    if cfg.model_type != tcfg.model_type:
-        raise HeadMismatchError(f"head {folder} was trained for a '{cfg.model_type}' target, this one is "
-                                f"'{tcfg.model_type}'")
+    check_fits_target(f"head {folder}", cfg, tcfg)
     weights = folder / "model.safetensors"
     check_safetensors(weights, HeadError)
     state = load_file(str(weights))

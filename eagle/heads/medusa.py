@@ -33,7 +33,7 @@ from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape
 from ..io import check_safetensors, replace_dir
 from ..tree import Tree
-from .eagle import HeadError, HeadMismatchError, read_config_json
+from .eagle import HeadError, HeadMismatchError, check_fits_target, read_config_json
 
 if TYPE_CHECKING:  # eagle.target imports transformers: not needed to read or check a checkpoint
     from ..target import Target
@@ -232,13 +232,7 @@ def load_medusa(folder: str | Path, model) -> MedusaHeads:
     folder = Path(folder)
     cfg = read_medusa_config(folder)
     tcfg = model.config.get_text_config(decoder=True)
-    for what, mine, theirs in (("hidden size", cfg.hidden_size, tcfg.hidden_size),
-                               ("vocabulary of", cfg.vocab_size, tcfg.vocab_size)):
-        if mine != theirs:
-            raise HeadMismatchError(f"Medusa head {folder} was trained for a {what} {mine}, the target has {theirs}")
-    if cfg.model_type != tcfg.model_type:
-        raise HeadMismatchError(f"Medusa head {folder} was trained for a '{cfg.model_type}' target, this one is "
-                                f"'{tcfg.model_type}'")
+    check_fits_target(f"Medusa head {folder}", cfg, tcfg)
     weights = folder / "model.safetensors"
     check_safetensors(weights, HeadError)
     state = load_file(str(weights))
