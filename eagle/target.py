@@ -31,21 +31,51 @@ ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
 
 
-def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``hidden (T, H) @ weight (V, H).T -> (T, V)``; for float32 on the CPU computed as
-    ``(weight @ hidden.T).T``.
+def _project_plain(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden, weight)  # (T, V)
 
-    Same product; but CPU BLAS (MKL here) runs the few-rows case 2-5x faster in this orientation
-    (measured: T = 2..16 rows against a 49152 x 576 LM head, 17-25 ms -> 4-16 ms). The result is
-    made row-major again: reductions along V (argmax, softmax) over a column-major (61, 49152)
-    view took 12 ms against 3.6 ms for the copy plus 2.5 ms for the argmax. Other dtypes (bf16 /
-    fp16 go through oneDNN, not MKL) take the plain orientation: 10 x 8192 rows in bf16, 0.57 ms
-    transposed against 0.42 ms plain.
+
+def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (weight @ hidden.T).T.contiguous()  # (T, V), made row-major again
+
+
+# (rows, V, H, weight pointer) -> True when the transposed orientation was measured faster
+_ORIENTATION: dict[tuple, bool] = {}
+
+
+def _measure_orientation(hidden: torch.Tensor, weight: torch.Tensor, repeats: int = 3) -> bool:
+    """Time both orientations interleaved (after one warm-up call each); True if transposed won."""
+    best = [float("inf"), float("inf")]
+    for fn in (_project_plain, _project_transposed):
+        fn(hidden, weight)
+    for _ in range(repeats):
+        for i, fn in enumerate((_project_plain, _project_transposed)):
+            t0 = time.perf_counter()
+            fn(hidden, weight)
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[1] < best[0]
+
+
+def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``hidden (T, H) @ weight (V, H).T -> (T, V)``, row-major.
+
+    The same product in two orientations: ``F.linear`` or ``(weight @ hidden.T).T``. For float32
+    on the CPU, MKL's speed differs between them by up to 2x either way, and which one wins
+    depends on the row count and the machine (``experiments/lm_head_orientation.py``: on one
+    Intel Xeon the transposed one is 1.3-2.2x faster for 8-32 rows and ~2x slower for 2-3 and 61
+    rows; on an AMD EPYC it was faster from 2 rows). So the first call per (row count, weight)
+    times both and the faster one is kept for the process. Rows stay row-major because reductions
+    along V over a column-major view are slow (12 ms against 3.6 + 2.5 ms for copy + argmax).
+    One row, other dtypes (bf16 / fp16 go through oneDNN) and other devices take ``F.linear``.
     """
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
-        return torch.nn.functional.linear(hidden, weight)  # (T, V)
-    out = (weight @ hidden.T).T  # (T, V), a column-major view
-    return out.contiguous() if out.shape[0] > 1 else out
+    rows = hidden.shape[0] if hidden.dim() == 2 else 1
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or rows <= 1 or hidden.dim() != 2:
+        return _project_plain(hidden, weight)
+    key = (rows, *weight.shape, weight.data_ptr())
+    transposed = _ORIENTATION.get(key)
+    if transposed is None:
+        transposed = _ORIENTATION[key] = _measure_orientation(hidden, weight)
+    return _project_transposed(hidden, weight) if transposed else _project_plain(hidden, weight)
 
 
 def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, size: int):
