@@ -104,10 +104,23 @@ def heldout_split(data: list, fraction: float, seed: int) -> tuple[list, list]:
     return [data[i] for i in perm[n_eval:]], [data[i] for i in perm[:n_eval]]
 
 
-def batch_order(n: int, batch: int, seed: int, epoch: int) -> list[list[int]]:
+def batch_order(n: int, batch: int, seed: int, epoch: int, lengths: list[int] | None = None,
+                group: int = 50) -> list[list[int]]:
+    """The seeded batches of one epoch: a random permutation of ``range(n)`` cut into full batches.
+
+    With ``lengths`` (one per sequence), batches are grouped by length: each run of ``group``
+    batches of the permutation is sorted by length before it is cut, and the batches are then put
+    in a seeded random order. A padded batch costs its longest sequence times its size, so random
+    batches of the self-distilled data waste ~25% of the compute on padding; grouped, ~2%."""
     g = torch.Generator().manual_seed(seed * 1000003 + epoch)
     perm = torch.randperm(n, generator=g).tolist()
-    return [perm[i: i + batch] for i in range(0, n - batch + 1, batch)]
+    if lengths is None:
+        return [perm[i: i + batch] for i in range(0, n - batch + 1, batch)]
+    perm = perm[: n - n % batch]  # full batches only, as without lengths
+    chunk = group * batch
+    grouped = [i for c in range(0, len(perm), chunk) for i in sorted(perm[c: c + chunk], key=lambda i: lengths[i])]
+    batches = [grouped[i: i + batch] for i in range(0, len(grouped), batch)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
 
 
 # settings that may change between a run and its resumption: they do not touch the trained weights

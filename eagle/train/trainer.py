@@ -73,6 +73,9 @@ class TrainConfig:
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     train_on_prompt: bool = False
+    # batches of similar lengths (each run of 50 random batches sorted by length, batch order
+    # shuffled): ~2% padding instead of ~25% on the self-distilled data
+    group_by_length: bool = True
     heldout_fraction: float = 0.03
     eval_every: int = 200
     checkpoint_every: int = 100
@@ -378,9 +381,13 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     bar = tqdm(total=total, initial=step, desc="train", disable=not (progress and run.main), dynamic_ncols=True)
     history = []
     head.train()
+    lengths = [min(len(q.input_ids), cfg.max_seq_len) for q in train_set] if cfg.group_by_length else None
+    order = {}  # epoch -> its batches
     while step < total:
         epoch, b = divmod(step, steps_per_epoch)
-        batch_idx = batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch)[b]
+        if epoch not in order:
+            order = {epoch: batch_order(len(train_set), cfg.batch_size, cfg.seed, epoch, lengths)}
+        batch_idx = order[epoch][b]
         mine = batch_idx[run.rank:: run.world]  # this process's share of the global batch
         batch = recipe.batch([train_set[i] for i in mine], mine, step, run.device)
         loss_sum, count, accs = recipe.loss(model_ddp, batch)
