@@ -1,4 +1,4 @@
-"""MKL packed GEMM for the target's float32 linear layers on the CPU, without touching the model.
+"""MKL packed GEMM for the target's float32 linear layers on the CPU, on a twin of the model.
 
 Why: MKL's ordinary float32 GEMM runs a step of 4-32 rows (a tree) 2-3x slower than one row
 against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 row 35 ms, 8 rows
@@ -6,24 +6,30 @@ against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 ro
 inductor's weight freezing takes, runs 8 rows in 44 ms and 16 in 56 ms. The packed copy of a
 weight is made for one row count, which is exactly what padding trees to buckets gives.
 
-How: :class:`PackedLinear` is a ``TorchFunctionMode``: inside ``with packed:`` every
-``F.linear(x, w, b)`` on a float32 CPU weight with a packed row count is answered by
-``torch.ops.mkl._mkl_linear`` with a packed copy of ``w`` made on first use (one per weight and row
-count: about the weight's own size). Every other call, and every call outside the block, runs as
-usual. The model's modules, parameters and code are never changed.
+How: :func:`packed_twin` returns a twin of the model: a structural copy that shares every
+parameter and buffer with it (no weight is copied) and runs the same transformers code, in which
+each ``nn.Linear`` of the decoder is a :class:`PackedLinear`. A ``PackedLinear`` answers products
+of a packed row count with ``torch.ops.mkl._mkl_linear`` and a packed copy of its weight made on
+first use (one per row count: about the weight's own size), everything else with ``F.linear``.
+The caller's model is never changed; callers run the twin for the steps whose row count is packed.
+This is how quantization libraries swap linear layers, and it costs nothing per call: the first
+version intercepted every torch call of the forward with a ``TorchFunctionMode`` instead, whose
+Python cost per call made a 4-16-node step 10-13% slower (``experiments/packed_twin_ab.py``).
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import weakref
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch import nn
 
-__all__ = ["PackedLinear", "packed_gemm_available", "packer_for", "MIN_ROWS"]
+__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
-_PACKERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its PackedLinear
+_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
 
 
 def packed_gemm_available() -> bool:
@@ -31,47 +37,67 @@ def packed_gemm_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-class PackedLinear(TorchFunctionMode):
-    """Routes ``F.linear`` of float32 CPU weights with ``rows`` in ``row_counts`` to MKL's packed GEMM.
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` that shares the weight and bias of ``linear`` and sends products of
+    ``row_counts`` rows (float32, CPU, weight not trained) to MKL's packed GEMM.
 
     Args:
-        row_counts: the row counts (tokens per forward) to pack for, e.g. the tree buckets >= 4
-            (one to three rows already run at the one-row speed with the plain GEMM).
+        linear: the layer it stands for (its parameters are shared, not copied).
+        row_counts: the row counts (tokens per forward) to pack for, e.g. the tree buckets >= 4.
     """
 
-    def __init__(self, row_counts):
-        super().__init__()
+    def __init__(self, linear: nn.Linear, row_counts):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self.row_counts = frozenset(row_counts)
-        self.packed: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (ptr, rows) -> (w, packed)
+        self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, w = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            if rows in self.row_counts and w.dtype == torch.float32 and w.device.type == "cpu" \
-                    and x.dtype == torch.float32 and not w.requires_grad:
-                key = (w.data_ptr(), rows)
-                hit = self.packed.get(key)
-                if hit is None or hit[0] is not w:
-                    hit = self.packed[key] = (w, torch.ops.mkl._mkl_reorder_linear_weight(w, rows))
-                out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), hit[1], w, bias, rows)  # (rows, N)
-                return out.view(*x.shape[:-1], w.shape[0])
-        return func(*args, **kwargs)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
+                or w.device.type != "cpu" or w.requires_grad:
+            return F.linear(x, w, self.bias)
+        p = self.packed.get(rows)
+        if p is None:
+            p = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+        out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), p, w, self.bias, rows)  # (rows, N)
+        return out.view(*x.shape[:-1], w.shape[0])
 
 
-def packer_for(model, row_counts) -> PackedLinear | None:
-    """The model's one :class:`PackedLinear`, extended to ``row_counts`` (those >= ``MIN_ROWS``),
-    shared by every caller on that model so each weight is packed once per row count; ``None``
-    when packing does not apply (weights not float32 on the CPU, no MKL, no row count >= MIN_ROWS)."""
+def packed_twin(model: nn.Module, row_counts) -> nn.Module | None:
+    """The model's one packed twin (see the module docstring), its packed row counts extended to
+    ``row_counts`` (those >= ``MIN_ROWS``); shared by every caller on that model, so each weight
+    is packed once per row count. ``None`` when packing does not apply (weights not float32 on the
+    CPU, no MKL, no row count >= MIN_ROWS). The LM head stays a plain layer (``eagle.target.project``
+    multiplies by its weight directly)."""
     w = model.get_output_embeddings().weight
     rows = frozenset(r for r in row_counts if r >= MIN_ROWS)
     if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available():
         return None
-    mode = _PACKERS.get(model)
-    if mode is None:
-        mode = _PACKERS[model] = PackedLinear(rows)
+    twin = _TWINS.get(model)
+    if twin is None:
+        shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+        twin = copy.deepcopy(model, memo=shared)  # new modules, the same parameters and buffers
+        lm_head = twin.get_output_embeddings()
+        for name, mod in list(twin.named_modules()):
+            if type(mod) is nn.Linear and mod is not lm_head:
+                parent, _, attr = name.rpartition(".")
+                setattr(twin.get_submodule(parent), attr, PackedLinear(mod, rows))
+        _TWINS[model] = twin
     else:
-        mode.row_counts = mode.row_counts | rows
-    return mode
+        for mod in twin.modules():
+            if isinstance(mod, PackedLinear):
+                mod.row_counts = mod.row_counts | rows
+        impl = model.config._attn_implementation  # a Target may have switched the model's since
+        if twin.config._attn_implementation != impl:
+            twin.set_attn_implementation(impl)
+    return twin
+
+
+def packed_row_counts(twin: nn.Module | None) -> frozenset:
+    """The row counts a twin packs for (empty for ``None``)."""
+    if twin is None:
+        return frozenset()
+    return next((m.row_counts for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())

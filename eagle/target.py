@@ -14,14 +14,13 @@ from __future__ import annotations
 import copy
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from .kv import SlotCache
-from .packed import packer_for
+from .packed import packed_row_counts, packed_twin
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -196,7 +195,9 @@ class Target:
         self._steps: dict = {}  # bucket -> compiled step function
         # float32 CPU, eager static steps: MKL's packed GEMM for buckets of >= 4 rows
         use_packed = self.static and self.runtime.packed_linear and not self.compiled
-        self.packed = packer_for(model, self.runtime.buckets) if use_packed else None
+        self.packed = packed_twin(model, self.runtime.buckets) if use_packed else None  # the model's packed twin
+        self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps run on the twin
+        self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
     # ---- shapes of the model ------------------------------------------------------------------
@@ -234,11 +235,12 @@ class Target:
         return logits
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, layers: tuple[int, ...] | None = None,
-             **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+             base=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(hidden (T, H), fused (T, k*H) or None)``: the final feature and, when ``layers`` are
         given, the hidden states entering those layers (transformers' ``hidden_states[i]``: the
-        model records them in the same forward; we only concatenate the ones asked for)."""
-        out = self.base(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
+        model records them in the same forward; we only concatenate the ones asked for). ``base``:
+        the decoder to run (default: the model's own; the packed twin's for packed buckets)."""
+        out = (self.base if base is None else base)(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
                         cache=cache, use_cache=True, output_hidden_states=bool(layers), **kwargs)
         fused = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
         return out.last_hidden_state[0], fused  # (T, H), (T, k*H)
@@ -342,10 +344,9 @@ class Target:
                                                               slots, cache)
         else:
             extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
-            packed = self.packed is not None and size in self.packed.row_counts
-            with self.packed if packed else nullcontext():
-                hidden, fused = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions), layers,
-                                          cache_slots=slots, cache_kv_len=P + size, **extra)
+            base = self._packed_base if size in self.packed_rows else None  # same results, MKL's packed GEMM
+            hidden, fused = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions), layers,
+                                      base=base, cache_slots=slots, cache_kv_len=P + size, **extra)
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
         hidden = hidden[:T]  # (T, H) the padding rows are dropped
         return TreeOutput(self.logits(hidden), hidden, None if fused is None else fused[:T])

@@ -21,7 +21,7 @@ def generate_pass(model, tok, prompts, max_new_tokens, temperature, top_p, eos, 
     """The previous data stage: one ``model.generate`` with ``output_hidden_states``; yields what
     ``_generate_batch`` yields, ``(ids, hidden, fused, prompt_len)``."""
     from eagle.prompts import encode_chat
-    from eagle.train.data import _packed_decode
+    from eagle.train.data import _packed_model
 
     enc = [encode_chat(tok, p) for p in prompts]
     L = max(len(e) for e in enc)
@@ -31,9 +31,9 @@ def generate_pass(model, tok, prompts, max_new_tokens, temperature, top_p, eos, 
         ids[i, L - len(e):] = e
         att[i, L - len(e):] = 1
     kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
-    with _packed_decode(model, [len(enc)]):
-        out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
-                             output_hidden_states=True, return_dict_in_generate=True, **kw)
+    out = _packed_model(model, [len(enc)]).generate(ids, attention_mask=att, max_new_tokens=max_new_tokens,
+                                                    eos_token_id=eos, pad_token_id=eos, output_hidden_states=True,
+                                                    return_dict_in_generate=True, **kw)
     hid = torch.cat([h[-1] for h in out.hidden_states], dim=1)
     fused = torch.cat([torch.cat([h[i] for i in layers], -1).half() for h in out.hidden_states], dim=1)
     for i, e in enumerate(enc):

@@ -1,50 +1,83 @@
-"""The packed GEMM (eagle/packed.py): PackedLinear == F.linear, and a target with packed linears == the
-plain target."""
+"""The packed GEMM (eagle/packed.py): PackedLinear == F.linear, the packed twin shares the model's
+weights and leaves the model untouched, and a target with packed linears == the plain target."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from eagle import Target
-from eagle.packed import PackedLinear, packed_gemm_available
+from eagle.packed import PackedLinear, packed_gemm_available, packed_row_counts, packed_twin
 from eagle.runtime import RuntimeConfig
 
 from conftest import TINY_VOCAB, make_random_tree
 
 V = TINY_VOCAB
+needs_mkl = pytest.mark.skipif(not packed_gemm_available(), reason="this torch build has no MKL packed GEMM")
 
 
-@pytest.mark.skipif(not packed_gemm_available(), reason="this torch build has no MKL packed GEMM")
-def test_packed_linear_equals_linear():
+@needs_mkl
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_equals_linear(bias):
     gen = torch.Generator().manual_seed(0)
-    w, b = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
-    mode = PackedLinear([8])
+    lin = nn.Linear(40, 96, bias=bias).requires_grad_(False)
+    pl = PackedLinear(lin, [8])
+    assert pl.weight is lin.weight and pl.bias is lin.bias  # shared, not copied
     x8, x3 = torch.randn(1, 8, 40, generator=gen), torch.randn(3, 40, generator=gen)
-    with mode:
-        y8, y8b, y3 = F.linear(x8, w), F.linear(x8, w, b), F.linear(x3, w, b)
-        y16 = F.linear(x8.to(torch.float16), w.to(torch.float16))  # not float32: untouched
-    torch.testing.assert_close(y8, F.linear(x8, w), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(y8b, F.linear(x8, w, b), atol=1e-5, rtol=1e-5)
-    assert y8.shape == (1, 8, 96) and torch.equal(y3, F.linear(x3, w, b)) and y16.dtype == torch.float16
-    assert list(mode.packed) == [(w.data_ptr(), 8)]  # one packed copy, reused by both 8-row calls
-    wg = torch.randn(96, 40, requires_grad=True)
-    with mode:
-        F.linear(x8, wg).sum().backward()  # trainable weights keep autograd's path
-    assert wg.grad is not None and len(mode.packed) == 1
+    y8 = pl(x8)
+    torch.testing.assert_close(y8, lin(x8), atol=1e-5, rtol=1e-5)
+    assert y8.shape == (1, 8, 96) and list(pl.packed) == [8]  # packed for 8 rows, on first use
+    torch.testing.assert_close(pl(x8.reshape(8, 40)), lin(x8.reshape(8, 40)), atol=1e-5, rtol=1e-5)
+    assert list(pl.packed) == [8]  # the same packed copy reused
+    assert torch.equal(pl(x3), lin(x3))  # 3 rows: not packed, plain F.linear
+    half = PackedLinear(nn.Linear(40, 96).half().requires_grad_(False), [8])
+    assert half(x8.half()).dtype == torch.float16 and not half.packed  # not float32: untouched
+    trained = PackedLinear(nn.Linear(40, 96), [8])  # requires_grad: autograd's path
+    trained(x8).sum().backward()
+    assert trained.weight.grad is not None and not trained.packed
 
 
-@pytest.mark.skipif(not packed_gemm_available(), reason="this torch build has no MKL packed GEMM")
+@needs_mkl
+def test_packed_twin_shares_weights_and_leaves_the_model_alone(tiny_model):
+    model = tiny_model("llama")
+    before = {n: type(m) for n, m in model.named_modules()}
+    twin = packed_twin(model, [1, 4, 8])
+    assert twin is not model and packed_twin(model, [16]) is twin  # one twin per model, extended
+    assert packed_row_counts(twin) == {4, 8, 16}
+    assert {n: type(m) for n, m in model.named_modules()} == before  # the caller's model is untouched
+    ours, theirs = dict(model.named_parameters()), dict(twin.named_parameters())
+    assert ours.keys() == theirs.keys() and all(theirs[k] is ours[k] for k in ours)  # no weight copied
+    swapped = [n for n, m in twin.named_modules() if isinstance(m, PackedLinear)]
+    plain = [n for n, m in model.named_modules() if type(m) is nn.Linear and m is not model.get_output_embeddings()]
+    assert swapped == plain and len(swapped) > 0
+    assert type(twin.get_output_embeddings()) is nn.Linear  # the LM head goes through project()
+    assert packed_twin(model, [1, 2, 3]) is None  # nothing >= MIN_ROWS to pack for
+    assert packed_twin(copy.deepcopy(model).to(torch.bfloat16), [8]) is None  # not float32
+
+
+@needs_mkl
 def test_packed_target_equals_plain_target(tiny_model):
     model = tiny_model("qwen2")  # q/k/v carry biases
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (17,), generator=gen)
     on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p)) for p in (True, False))
-    assert on.packed is not None and off.packed is None
+    assert on.packed is not None and off.packed is None and off.packed_rows == frozenset()
     for t in (on, off):
         t.cache = t.new_cache(64)
         t.prefill(prefix, t.cache)
     tree = make_random_tree(13, V, gen)
     torch.testing.assert_close(on.tree_forward(tree, on.cache).logits, off.tree_forward(tree, off.cache).logits,
                                atol=1e-4, rtol=0)
-    assert any(rows == 16 for _, rows in on.packed.packed)
+    packed = [m for m in on.packed.modules() if isinstance(m, PackedLinear)]
+    assert packed and all(16 in m.packed for m in packed)  # the 13-node tree ran as a packed 16-node bucket
+
+
+@needs_mkl
+def test_packed_twin_follows_the_models_attention_implementation(tiny_model):
+    model = copy.deepcopy(tiny_model("llama"))
+    twin = packed_twin(model, [8])
+    model.set_attn_implementation("eager")  # e.g. a later Target selecting the tree kernel
+    assert packed_twin(model, [8]) is twin and twin.config._attn_implementation == "eager"

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..packed import packer_for
+from ..packed import packed_twin
 from ..prompts import PromptFileError, encode_chat
 
 __all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
@@ -113,14 +113,13 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     write_json(manifest, folder / "manifest.json", indent=1)
 
 
-def _packed_decode(model, batches: list[int]):
+def _packed_model(model, batches: list[int]):
     """Every decoding step of a batch of B sequences multiplies B rows by each weight: on a float32
     CPU model run those products through MKL's packed GEMM (eagle/packed.py; same results; all layer
-    products 2.1-3.1x faster for 4-32 rows, the whole data stage 1.12-1.19x on the CPU measured).
-    The model's shared packer keeps the packed copies, so later batches of the same size reuse them."""
-    from contextlib import nullcontext
-
-    return packer_for(model, batches) or nullcontext()
+    products 2.1-3.1x faster for 4-32 rows, the whole data stage 1.12-1.19x on the CPU measured):
+    the model's packed twin, which keeps the packed copies for later batches of the same size; the
+    model itself where packing does not apply."""
+    return packed_twin(model, batches) or model
 
 
 # Sampling looks at the SAMPLE_TOP_K most likely tokens only: sorting the whole vocabulary for
@@ -164,7 +163,7 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
     for i, e in enumerate(enc):  # left padding: every sequence's prompt ends at column L-1
         ids[i, L - len(e):] = e
         att[i, L - len(e):] = 1
-    base, lm_w = model.get_decoder(), model.get_output_embeddings().weight
+    lm_w = model.get_output_embeddings().weight
     want = bool(layers) and store_hidden
     toks = [list(e) for e in enc]  # prompt + sampled tokens, per sequence
     hid: list[list[torch.Tensor]] = [[] for _ in enc]  # (n_j, H) pieces per sequence
@@ -180,38 +179,38 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
     sizes = [B]
     while sizes[-1] // 2 >= 1:
         sizes.append(sizes[-1] // 2)
-    with _packed_decode(model, sizes):
-        for step in range(max_new_tokens):
-            t = x.shape[1]
-            mask = att.bool()[:, None, None, :]  # (b, 1, 1, n + t): real tokens only (not the left padding)
-            if n == 0:  # causal; a padding column attends to itself (no all-masked row, no NaN)
-                mask = (mask & causal[None, None]) | torch.eye(L, dtype=torch.bool)[None, None]  # (b, 1, L, L)
-            out = base(input_ids=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                       output_hidden_states=want, cache_slots=torch.arange(n, n + t), cache_kv_len=n + t)
-            n += t
-            h = out.last_hidden_state  # (b, t, H)
-            nxt = sample_next(project(h[:, -1], lm_w).float(), temperature, top_p)  # (b,)
-            f = torch.cat([out.hidden_states[i] for i in layers], -1).half() if want else None  # (b, t, k*H)
-            for r in running.nonzero()[:, 0].tolist():
-                j = int(rows[r])
-                lo = L - len(enc[j]) if step == 0 else 0  # the prompt's own columns only
-                if store_hidden:
-                    hid[j].append(h[r, lo:])
-                    if want:
-                        fus[j].append(f[r, lo:])
-                toks[j].append(int(nxt[r]))
-            running &= (nxt != eos)
-            n_run = int(running.sum())
-            if n_run == 0 or step + 1 == max_new_tokens:
-                break
-            if n_run <= len(rows) // 2:  # shrink to half: running rows first, finished ones as filler
-                keep = torch.cat([running.nonzero()[:, 0], (~running).nonzero()[:, 0]])[: len(rows) // 2]
-                for layer in cache.layers:  # (b, H_kv, C, D) -> (b', H_kv, C, D)
-                    layer.keys, layer.values = layer.keys[keep], layer.values[keep]
-                rows, running, nxt, att, pos = rows[keep], running[keep], nxt[keep], att[keep], pos[keep]
-            x = nxt[:, None]  # (b, 1)
-            att = torch.cat([att, att.new_ones(len(rows), 1)], dim=1)
-            pos = pos[:, -1:] + 1
+    base = _packed_model(model, sizes).get_decoder()  # MKL packed GEMM for the batch sizes (same results)
+    for step in range(max_new_tokens):
+        t = x.shape[1]
+        mask = att.bool()[:, None, None, :]  # (b, 1, 1, n + t): real tokens only (not the left padding)
+        if n == 0:  # causal; a padding column attends to itself (no all-masked row, no NaN)
+            mask = (mask & causal[None, None]) | torch.eye(L, dtype=torch.bool)[None, None]  # (b, 1, L, L)
+        out = base(input_ids=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                   output_hidden_states=want, cache_slots=torch.arange(n, n + t), cache_kv_len=n + t)
+        n += t
+        h = out.last_hidden_state  # (b, t, H)
+        nxt = sample_next(project(h[:, -1], lm_w).float(), temperature, top_p)  # (b,)
+        f = torch.cat([out.hidden_states[i] for i in layers], -1).half() if want else None  # (b, t, k*H)
+        for r in running.nonzero()[:, 0].tolist():
+            j = int(rows[r])
+            lo = L - len(enc[j]) if step == 0 else 0  # the prompt's own columns only
+            if store_hidden:
+                hid[j].append(h[r, lo:])
+                if want:
+                    fus[j].append(f[r, lo:])
+            toks[j].append(int(nxt[r]))
+        running &= (nxt != eos)
+        n_run = int(running.sum())
+        if n_run == 0 or step + 1 == max_new_tokens:
+            break
+        if n_run <= len(rows) // 2:  # shrink to half: running rows first, finished ones as filler
+            keep = torch.cat([running.nonzero()[:, 0], (~running).nonzero()[:, 0]])[: len(rows) // 2]
+            for layer in cache.layers:  # (b, H_kv, C, D) -> (b', H_kv, C, D)
+                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            rows, running, nxt, att, pos = rows[keep], running[keep], nxt[keep], att[keep], pos[keep]
+        x = nxt[:, None]  # (b, 1)
+        att = torch.cat([att, att.new_ones(len(rows), 1)], dim=1)
+        pos = pos[:, -1:] + 1
     for j, e in enumerate(enc):
         # the feature of the final token (EOS or cut-off) was never computed: drop that token
         seq = torch.tensor(toks[j][:-1], dtype=torch.long)  # (n,)

@@ -16,7 +16,6 @@ against a step-by-step loop that feeds the head its own outputs.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
