@@ -70,8 +70,8 @@ def packed_twin(model: nn.Module, row_counts) -> nn.Module | None:
     """The model's one packed twin (see the module docstring), its packed row counts extended to
     ``row_counts`` (those >= ``MIN_ROWS``); shared by every caller on that model, so each weight
     is packed once per row count. ``None`` when packing does not apply (weights not float32 on the
-    CPU, no MKL, no row count >= MIN_ROWS). The LM head stays a plain layer (``eagle.target.project``
-    multiplies by its weight directly)."""
+    CPU, no MKL, no row count >= MIN_ROWS). The LM head stays a plain layer: ``eagle.lmhead.project``
+    multiplies by its weight (and packs it where that measures faster)."""
     w = model.get_output_embeddings().weight
     rows = frozenset(r for r in row_counts if r >= MIN_ROWS)
     if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available():

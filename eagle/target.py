@@ -20,61 +20,15 @@ import torch
 from transformers import DynamicCache
 
 from .kv import SlotCache
+from .lmhead import project
 from .packed import packed_row_counts, packed_twin
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
-__all__ = ["Target", "project", "pad_tree"]
+__all__ = ["Target", "pad_tree"]
 
 ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
-
-
-def _project_plain(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.linear(hidden, weight)  # (T, V)
-
-
-def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (weight @ hidden.T).T.contiguous()  # (T, V), made row-major again
-
-
-# (rows, V, H, weight pointer) -> True when the transposed orientation was measured faster
-_ORIENTATION: dict[tuple, bool] = {}
-
-
-def _measure_orientation(hidden: torch.Tensor, weight: torch.Tensor, repeats: int = 3) -> bool:
-    """Time both orientations interleaved (after one warm-up call each); True if transposed won."""
-    best = [float("inf"), float("inf")]
-    for fn in (_project_plain, _project_transposed):
-        fn(hidden, weight)
-    for _ in range(repeats):
-        for i, fn in enumerate((_project_plain, _project_transposed)):
-            t0 = time.perf_counter()
-            fn(hidden, weight)
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best[1] < best[0]
-
-
-def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``hidden (T, H) @ weight (V, H).T -> (T, V)``, row-major.
-
-    The same product in two orientations: ``F.linear`` or ``(weight @ hidden.T).T``. For float32
-    on the CPU, MKL's speed differs between them by up to 2x either way, and which one wins
-    depends on the row count and the machine (``experiments/lm_head_orientation.py``: on one
-    Intel Xeon the transposed one is 1.3-2.2x faster for 8-32 rows and ~2x slower for 2-3 and 61
-    rows; on an AMD EPYC it was faster from 2 rows). So the first call per (row count, weight)
-    times both and the faster one is kept for the process. Rows stay row-major because reductions
-    along V over a column-major view are slow (12 ms against 3.6 + 2.5 ms for copy + argmax).
-    One row, other dtypes (bf16 / fp16 go through oneDNN) and other devices take ``F.linear``.
-    """
-    rows = hidden.shape[0] if hidden.dim() == 2 else 1
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or rows <= 1 or hidden.dim() != 2:
-        return _project_plain(hidden, weight)
-    key = (rows, *weight.shape, weight.data_ptr())
-    transposed = _ORIENTATION.get(key)
-    if transposed is None:
-        transposed = _ORIENTATION[key] = _measure_orientation(hidden, weight)
-    return _project_transposed(hidden, weight) if transposed else _project_plain(hidden, weight)
 
 
 def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, size: int):
@@ -226,7 +180,7 @@ class Target:
     # ---- forwards -----------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target LM head (with Gemma-style final soft-capping when configured), float32."""
-        logits = project(hidden, self.lm_head.weight)
+        logits = project(hidden, self.lm_head.weight)  # (T, V) the fastest way measured (eagle/lmhead.py)
         if getattr(self.lm_head, "bias", None) is not None:
             logits = logits + self.lm_head.bias
         logits = logits.float()
@@ -348,8 +302,10 @@ class Target:
             hidden, fused = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions), layers,
                                       base=base, cache_slots=slots, cache_kv_len=P + size, **extra)
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
-        hidden = hidden[:T]  # (T, H) the padding rows are dropped
-        return TreeOutput(self.logits(hidden), hidden, None if fused is None else fused[:T])
+        # with MKL's packed GEMM, the LM head runs over the whole bucket: a fixed row count it packs
+        # for (8 rows ~10 ms, against ~20 ms for 5 rows unpacked); the padding rows are dropped after
+        logits = self.logits(hidden if size in self.packed_rows else hidden[:T])[:T]
+        return TreeOutput(logits, hidden[:T], None if fused is None else fused[:T])  # padding rows dropped
 
     def _compiled_step(self, size: int, layers: tuple[int, ...] | None = None):
         """The compiled forward of a ``size``-node step (compiled on its first call, then reused;

@@ -91,7 +91,8 @@ def main(argv=None) -> None:
         cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=name))
         times, trees = propose_times(model, tok, cfg, args.prompt, args.step, args.repeats)
         from eagle.draft import build_drafter
-        from eagle.target import Target, project
+        from eagle.lmhead import project
+        from eagle.target import Target
 
         lm_w = build_drafter(cfg, Target(model, cfg.attention)).lm_w  # (Vd, H) in this dtype
         x = torch.randn(10, lm_w.shape[1]).to(lm_w.dtype)

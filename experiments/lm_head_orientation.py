@@ -1,9 +1,11 @@
 """Time the LM-head product ``(T, H) x (V, H)^T`` in its two orientations on this CPU, per row count.
 
 ``plain`` is ``F.linear(hidden, weight)``; ``transposed`` is ``(weight @ hidden.T).T`` made
-row-major again (what ``eagle.target.project`` may pick for float32 on the CPU). The two are timed
+row-major again (what ``eagle.lmhead.project`` may pick for float32 on the CPU). The two are timed
 interleaved (A, B, A, B, ...) so background load hits both alike; medians in ms, and the ratio
-plain / transposed (> 1: transposed is faster).
+plain / transposed (> 1: transposed is faster). With ``--packed`` also MKL's packed GEMM with a
+weight packed for that row count (what a packed twin's LM head does for a tree bucket,
+eagle/packed.py), timed in the same rotation.
 
     python experiments/lm_head_orientation.py --vocab 49152 8192 --rows 1 2 4 8 10 16 32 61
 """
@@ -24,16 +26,21 @@ def _transposed(x, w):
     return (w @ x.T).T.contiguous()  # (T, V)
 
 
-def ab(x: torch.Tensor, w: torch.Tensor, repeats: int) -> tuple[float, float]:
-    """Median ms of the plain and the transposed product, timed interleaved."""
-    a, b = [], []
-    _plain(x, w), _transposed(x, w)  # warm-up
+def ab(x: torch.Tensor, w: torch.Tensor, repeats: int, packed: bool = False) -> list[float]:
+    """Median ms of the plain, the transposed (and the packed) product, timed interleaved."""
+    fns = [_plain, _transposed]
+    if packed:
+        p = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
+        fns.append(lambda x, w: torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0]))
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn(x, w)  # warm-up
     for _ in range(repeats):
-        for fn, out in ((_plain, a), (_transposed, b)):
+        for fn, out in zip(fns, times):
             t0 = time.perf_counter()
             fn(x, w)
             out.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(a), statistics.median(b)
+    return [statistics.median(t) for t in times]
 
 
 def main(argv=None) -> None:
@@ -42,17 +49,24 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=[49152, 8192], help="LM-head rows")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 10, 16, 32, 61])
     ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument("--packed", action="store_true", help="also time MKL's packed GEMM (x86 builds with MKL)")
     args = ap.parse_args(argv)
+    from eagle.packed import packed_gemm_available
+
+    if args.packed and not packed_gemm_available():
+        raise SystemExit("--packed: this torch build has no MKL packed GEMM")
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads, float32, hidden {args.hidden}, median of {args.repeats}, interleaved")
-    print("| vocab | rows | plain ms | transposed ms | plain / transposed |")
-    print("|---:|---:|---:|---:|---:|")
+    extra = " packed ms |" if args.packed else ""
+    print(f"| vocab | rows | plain ms | transposed ms | plain / transposed |{extra}")
+    print("|---:|---:|---:|---:|---:|" + ("---:|" if args.packed else ""))
     for v in args.vocab:
         w = torch.randn(v, args.hidden)  # (V, H)
         for t in args.rows:
             x = torch.randn(t, args.hidden)  # (T, H)
-            p, q = ab(x, w, args.repeats)
-            print(f"| {v} | {t} | {p:.2f} | {q:.2f} | {p / q:.2f} |", flush=True)
+            ms = ab(x, w, args.repeats, args.packed)
+            cells = f" {ms[2]:.2f} |" if args.packed else ""
+            print(f"| {v} | {t} | {ms[0]:.2f} | {ms[1]:.2f} | {ms[0] / ms[1]:.2f} |{cells}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eagle import Target
@@ -53,7 +52,7 @@ def test_packed_twin_shares_weights_and_leaves_the_model_alone(tiny_model):
     swapped = [n for n, m in twin.named_modules() if isinstance(m, PackedLinear)]
     plain = [n for n, m in model.named_modules() if type(m) is nn.Linear and m is not model.get_output_embeddings()]
     assert swapped == plain and len(swapped) > 0
-    assert type(twin.get_output_embeddings()) is nn.Linear  # the LM head goes through project()
+    assert type(twin.get_output_embeddings()) is nn.Linear  # the LM head: eagle.lmhead.project
     assert packed_twin(model, [1, 2, 3]) is None  # nothing >= MIN_ROWS to pack for
     assert packed_twin(copy.deepcopy(model).to(torch.bfloat16), [8]) is None  # not float32
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eagle.target
 from eagle import Target, TreeDecoder
 from eagle.draft import NoDrafter, SelfDrafter, TreeShape
 from eagle.kv import SlotCache
@@ -379,35 +378,3 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch):
     out = TreeDecoder(comp, drafter).generate(prefix[:10], 20)
     assert out.tokens == TreeDecoder(eager).generate(prefix[:10], 20).tokens
     assert list(comp.compile_s) == [8]  # plain steps pad to the same bucket: nothing new compiled
-
-
-@pytest.mark.parametrize("rows", [1, 2, 5, 16])
-@pytest.mark.parametrize("transposed_wins", [True, False])
-def test_project_orientations_agree_and_the_choice_is_kept(rows, transposed_wins, monkeypatch):
-    """Both LM-head orientations give F.linear's product, row-major; the measured choice is made
-    once per (rows, weight) and then reused (the timer is replaced so the winner is known); one row
-    is never measured and takes F.linear."""
-    torch.manual_seed(rows)
-    w, x = torch.randn(300, 24), torch.randn(rows, 24)  # (V, H), (T, H)
-    ref = torch.nn.functional.linear(x, w)  # (T, V)
-    for fn in (eagle.target._project_plain, eagle.target._project_transposed):
-        out = fn(x, w)
-        assert out.is_contiguous() and torch.allclose(out, ref, atol=1e-5)
-    measured, used = [], []
-    monkeypatch.setattr(eagle.target, "_ORIENTATION", {})
-    monkeypatch.setattr(eagle.target, "_measure_orientation",
-                        lambda h, wt: measured.append(tuple(h.shape)) or transposed_wins)
-    for name in ("_project_plain", "_project_transposed"):
-        real = getattr(eagle.target, name)
-        monkeypatch.setattr(eagle.target, name, lambda h, wt, real=real, name=name: used.append(name) or real(h, wt))
-    for _ in range(3):
-        assert torch.allclose(eagle.target.project(x, w), ref, atol=1e-5)
-    assert measured == ([] if rows == 1 else [(rows, 24)])
-    winner = "_project_transposed" if transposed_wins and rows > 1 else "_project_plain"
-    assert used == [winner] * 3
-
-
-def test_project_other_dtypes_take_linear():
-    w, x = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)  # (V, H), (T, H)
-    assert torch.equal(eagle.target.project(x, w), torch.nn.functional.linear(x, w))
-    assert (4, 64, 16, w.data_ptr()) not in eagle.target._ORIENTATION

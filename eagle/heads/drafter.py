@@ -20,7 +20,8 @@ import torch
 
 from .eagle import DraftHead
 from ..kv import SlotCache
-from ..target import Target, project
+from ..lmhead import project
+from ..target import Target
 from ..tree import Tree
 from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape

@@ -283,7 +283,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, target: Target, heads: MedusaHeads, shape: TreeShape, sample: bool = False,
                  dtype: torch.dtype | None = None):
         from ..config import ConfigError
-        from ..target import project
+        from ..lmhead import project
 
         self._project = project
         depth = tree_depth(shape)

@@ -1,0 +1,106 @@
+"""The LM-head product ``hidden (T, H) @ weight (V, H).T`` on the CPU, the fastest of three ways.
+
+For float32 on the CPU the same product runs at very different speeds depending on how it is
+asked of MKL, and which way wins depends on the row count and on the machine
+(``python experiments/lm_head_orientation.py --packed``; SmolLM2's 49,152 x 576 head, one Intel
+Xeon, 2 threads, ms, from two runs of the script):
+
+=====  ==========  ===============  ===========
+rows   ``plain``   ``transposed``   ``packed``
+=====  ==========  ===============  ===========
+2      8.1         15.1             (not tried)
+8      27.4        19.8             9.9
+16     48.0        22.8             12.8
+64     63.4        69.6             31.3
+=====  ==========  ===============  ===========
+
+* ``plain``: ``F.linear(hidden, weight)``;
+* ``transposed``: ``(weight @ hidden.T).T`` made row-major again (reductions along V over a
+  column-major view are slow: 12 ms against 3.6 + 2.5 ms for copy + argmax);
+* ``packed``: MKL's packed GEMM with a copy of the weight packed for that row count (about the
+  weight's size in memory; tried from ``MIN_ROWS`` rows, weights that are not being trained).
+
+On an AMD EPYC the transposed way won from 2 rows. So the first product per (row count, weight)
+in a process times the candidates (interleaved, after a warm-up) and keeps the fastest; a packed
+copy is kept only when it won, and is dropped with its weight. One row, other dtypes (bf16 / fp16
+go through oneDNN) and other devices always take ``F.linear``.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .packed import MIN_ROWS, packed_gemm_available
+
+__all__ = ["project"]
+
+
+def _project_plain(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden, weight)  # (T, V)
+
+
+def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (weight @ hidden.T).T.contiguous()  # (T, V), made row-major again
+
+
+@dataclass
+class _Choice:
+    way: str  # "plain" | "transposed" | "packed"
+    weight: weakref.ref  # the weight it was measured for (a freed weight's address may be reused)
+    version: int  # the weight's version counter then: an in-place update invalidates a packed copy
+    packed: torch.Tensor | None = None  # the packed copy, when "packed" won
+
+
+# (rows, V, H, weight pointer) -> the way measured fastest for that product
+_CHOICE: dict[tuple, _Choice] = {}
+
+
+def _candidates(rows: int, weight: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """The ways to try for ``rows`` rows, and the packed copy of the weight if packing is one."""
+    ways = {"plain": _project_plain, "transposed": _project_transposed}
+    packed = None
+    if rows >= MIN_ROWS and not weight.requires_grad and packed_gemm_available():
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        ways["packed"] = lambda h, w: torch.ops.mkl._mkl_linear(h, packed, w, None, rows)
+    return ways, packed
+
+
+def _measure(hidden: torch.Tensor, weight: torch.Tensor, ways: dict, repeats: int = 3) -> str:
+    """The name of the fastest way (best of ``repeats`` interleaved calls after one warm-up each)."""
+    best = dict.fromkeys(ways, float("inf"))
+    for fn in ways.values():
+        fn(hidden, weight)
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            t0 = time.perf_counter()
+            fn(hidden, weight)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return min(best, key=best.get)
+
+
+def _forget(key: tuple, choice: _Choice) -> None:
+    if _CHOICE.get(key) is choice:
+        del _CHOICE[key]
+
+
+def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``hidden (T, H) @ weight (V, H).T -> (T, V)``, row-major, by the way measured fastest for
+    this row count and weight (see the module docstring)."""
+    rows = hidden.shape[0] if hidden.dim() == 2 else 1
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or rows <= 1 or hidden.dim() != 2:
+        return _project_plain(hidden, weight)
+    hidden = hidden.contiguous()
+    key = (rows, *weight.shape, weight.data_ptr())
+    choice = _CHOICE.get(key)
+    if choice is None or choice.weight() is not weight or choice.version != weight._version:
+        ways, packed = _candidates(rows, weight)
+        way = _measure(hidden, weight, ways)
+        choice = _Choice(way, None, weight._version, packed if way == "packed" else None)
+        choice.weight = weakref.ref(weight, lambda _, key=key, choice=choice: _forget(key, choice))
+        _CHOICE[key] = choice
+    if choice.way == "packed":
+        return torch.ops.mkl._mkl_linear(hidden, choice.packed, weight, None, rows)
+    return _project_transposed(hidden, weight) if choice.way == "transposed" else _project_plain(hidden, weight)

@@ -1,0 +1,74 @@
+"""The LM-head product (eagle/lmhead.py): every way equals F.linear; the measured choice is made once
+per (rows, weight), reused, and never serves a stale packed copy."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import eagle.lmhead as lmhead
+from eagle.packed import packed_gemm_available
+
+WAYS = ["plain", "transposed"] + (["packed"] if packed_gemm_available() else [])
+
+
+@pytest.mark.parametrize("rows", [2, 5, 16])
+def test_every_way_equals_linear(rows):
+    torch.manual_seed(rows)
+    w, x = torch.randn(300, 24), torch.randn(rows, 24)  # (V, H), (T, H)
+    ref = torch.nn.functional.linear(x, w)  # (T, V)
+    ways, packed = lmhead._candidates(rows, w)
+    assert set(ways) == set(WAYS if rows >= 4 else ["plain", "transposed"])
+    assert (packed is not None) == ("packed" in ways)
+    for fn in ways.values():
+        out = fn(x, w)
+        assert out.shape == (rows, 300) and out.is_contiguous() and torch.allclose(out, ref, atol=1e-5)
+    assert lmhead._measure(x, w, ways) in ways
+
+
+@pytest.mark.parametrize("rows", [1, 2, 6])
+@pytest.mark.parametrize("winner", WAYS)
+def test_the_choice_is_measured_once_and_kept(rows, winner, monkeypatch):
+    """The timer is replaced so the winner is known; one row is never measured (F.linear)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(300, 24), torch.randn(rows, 24)
+    ref = torch.nn.functional.linear(x, w)
+    measured = []
+    monkeypatch.setattr(lmhead, "_CHOICE", {})
+    monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: measured.append(tuple(h.shape)) or
+                        (winner if winner in ways else "plain"))
+    for _ in range(3):
+        out = lmhead.project(x, w)
+        assert out.is_contiguous() and torch.allclose(out, ref, atol=1e-5)
+    assert measured == ([] if rows == 1 else [(rows, 24)])
+    if rows > 1:
+        (choice,) = lmhead._CHOICE.values()
+        assert choice.way == (winner if winner != "packed" or rows >= 4 else "plain")
+        assert (choice.packed is not None) == (choice.way == "packed")  # a packed copy only when it won
+
+
+@pytest.mark.parametrize("winner", WAYS)
+def test_an_updated_or_freed_weight_is_measured_again(winner, monkeypatch):
+    """An in-place update of the weight (a packed copy would be stale) and a new weight at a reused
+    address are measured afresh; a freed weight's entry (and packed copy) goes with it."""
+    monkeypatch.setattr(lmhead, "_CHOICE", {})
+    calls = []
+    monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: calls.append(1) or winner)
+    w, x = torch.randn(300, 24), torch.randn(8, 24)
+    lmhead.project(x, w)
+    with torch.no_grad():
+        w.mul_(-2.0)  # in place: same address, new version
+    assert torch.allclose(lmhead.project(x, w), torch.nn.functional.linear(x, w), atol=1e-5)
+    assert len(calls) == 2 and len(lmhead._CHOICE) == 1
+    del w
+    gc.collect()
+    assert lmhead._CHOICE == {}
+
+
+def test_other_dtypes_and_trained_weights():
+    w, x = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
+    assert torch.equal(lmhead.project(x, w), torch.nn.functional.linear(x, w))
+    assert (4, 64, 16, w.data_ptr()) not in lmhead._CHOICE
+    ways, packed = lmhead._candidates(8, torch.randn(64, 16, requires_grad=True))
+    assert "packed" not in ways and packed is None  # a weight being trained is never packed
