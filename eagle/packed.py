@@ -52,6 +52,7 @@ class PackedLinear(nn.Linear):
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self.row_counts = frozenset(row_counts)
         self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
+        self._version = linear.weight._version  # an in-place update of the weight drops the copies
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -59,6 +60,9 @@ class PackedLinear(nn.Linear):
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
             return F.linear(x, w, self.bias)
+        if w._version != self._version:  # e.g. weights loaded in place after the twin was made
+            self.packed.clear()
+            self._version = w._version
         p = self.packed.get(rows)
         if p is None:
             p = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)

@@ -32,6 +32,9 @@ def test_packed_linear_equals_linear(bias):
     torch.testing.assert_close(pl(x8.reshape(8, 40)), lin(x8.reshape(8, 40)), atol=1e-5, rtol=1e-5)
     assert list(pl.packed) == [8]  # the same packed copy reused
     assert torch.equal(pl(x3), lin(x3))  # 3 rows: not packed, plain F.linear
+    with torch.no_grad():
+        lin.weight.mul_(-1.5)  # updated in place: the packed copy is stale and must go
+    torch.testing.assert_close(pl(x8), lin(x8), atol=1e-5, rtol=1e-5)
     half = PackedLinear(nn.Linear(40, 96).half().requires_grad_(False), [8])
     assert half(x8.half()).dtype == torch.float16 and not half.packed  # not float32: untouched
     trained = PackedLinear(nn.Linear(40, 96), [8])  # requires_grad: autograd's path
