@@ -12,9 +12,10 @@ each ``nn.Linear`` of the decoder is a :class:`PackedLinear`. A ``PackedLinear``
 of a packed row count with ``torch.ops.mkl._mkl_linear`` and a packed copy of its weight made on
 first use (one per row count: about the weight's own size), everything else with ``F.linear``.
 The caller's model is never changed; callers run the twin for the steps whose row count is packed.
-This is how quantization libraries swap linear layers, and it costs nothing per call: the first
-version intercepted every torch call of the forward with a ``TorchFunctionMode`` instead, whose
-Python cost per call made a 4-16-node step 10-13% slower (``experiments/packed_twin_ab.py``).
+This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
+The first version intercepted every torch call of the forward (~2,300 per step) with a
+``TorchFunctionMode`` instead, whose Python cost per call made a 4-16-node step 10-13% slower
+(``experiments/packed_twin_ab.py``).
 """
 from __future__ import annotations
 
