@@ -44,7 +44,7 @@ def test_packed_linear_equals_linear(bias):
 
 @needs_mkl
 def test_packed_twin_shares_weights_and_leaves_the_model_alone(tiny_model):
-    model = tiny_model("llama")
+    model = copy.deepcopy(tiny_model("llama"))  # its own twin: other tests' Targets extend the cached model's
     before = {n: type(m) for n, m in model.named_modules()}
     twin = packed_twin(model, [1, 4, 8])
     assert twin is not model and packed_twin(model, [16]) is twin  # one twin per model, extended
