@@ -162,13 +162,13 @@ def test_a_second_writer_on_the_same_folder_is_refused(tmp_path):
     """One data stage per folder: a live lock holder stops a second one; a dead one's lock is taken over."""
     import os
 
-    from eagle.train.data import _writer_lock
+    from eagle.train.data import writer_lock
 
     (tmp_path / ".writer.lock").write_text(str(os.getpid()))  # "another" live process: this one
     with pytest.raises(ValueError, match="being written by process"):
-        with _writer_lock(tmp_path):
+        with writer_lock(tmp_path):
             pass
     (tmp_path / ".writer.lock").write_text("999999999")  # no such process
-    with _writer_lock(tmp_path):
+    with writer_lock(tmp_path):
         assert (tmp_path / ".writer.lock").read_text() == str(os.getpid())
     assert not (tmp_path / ".writer.lock").exists()

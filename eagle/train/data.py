@@ -28,7 +28,8 @@ from ..io import write_json
 from ..packed import packed_twin
 from ..prompts import PromptFileError, encode_chat
 
-__all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors"]
+__all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
+           "writer_lock"]
 
 
 def read_prompt_records(path: str | Path) -> list[str]:
@@ -224,21 +225,24 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
 def generate_shards(model, tok, prompts: list[str], out_dir: str | Path, batch_size: int = 32,
                     max_new_tokens: int = 192, temperature: float = 0.6, top_p: float = 0.95,
                     shard_prompts: int = 96, seed: int = 0, store_hidden: bool = True,
-                    feature_layers: tuple[int, ...] | list[int] = ()) -> dict:
+                    feature_layers: tuple[int, ...] | list[int] = (), on_shard=None) -> dict:
     """Self-distill ``prompts`` into shards under ``out_dir`` (resumable; see module docstring).
     ``feature_layers``: also store the hidden states entering these target layers (``hidden_states``
-    indices); a folder keeps the layers it was started with (a resume with others is an error)."""
+    indices); a folder keeps the layers it was started with (a resume with others is an error).
+    ``on_shard()``: called after each shard is written (the token store mirrors it)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _writer_lock(out_dir):
+    with writer_lock(out_dir):
         return _generate_shards(model, tok, prompts, out_dir, batch_size, max_new_tokens, temperature, top_p,
-                                shard_prompts, seed, store_hidden, feature_layers)
+                                shard_prompts, seed, store_hidden, feature_layers, on_shard)
 
 
 @contextmanager
-def _writer_lock(out_dir: Path):
+def writer_lock(out_dir: str | Path):
     """One writer per data folder: a second data stage on the same folder (another `eagle train` while
     a long one runs in the background) stops with a message instead of interleaving shards."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     lock = out_dir / ".writer.lock"
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -271,7 +275,7 @@ def _alive(pid: int) -> bool:
 
 
 def _generate_shards(model, tok, prompts, out_dir: Path, batch_size, max_new_tokens, temperature, top_p,
-                     shard_prompts, seed, store_hidden, feature_layers) -> dict:
+                     shard_prompts, seed, store_hidden, feature_layers, on_shard=None) -> dict:
     manifest = load_manifest(out_dir)
     eos = int(model.generation_config.eos_token_id if not isinstance(model.generation_config.eos_token_id, list)
               else model.generation_config.eos_token_id[0])
@@ -303,6 +307,8 @@ def _generate_shards(model, tok, prompts, out_dir: Path, batch_size, max_new_tok
         done += len(chunk)
         write_shard(out_dir, manifest, ids_l, hid_l if store_hidden else None, plen, prompts_done=done,
                     layers=lay_l if layers else None)
+        if on_shard is not None:
+            on_shard()
     bar.close()
     return manifest
 

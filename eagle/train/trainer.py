@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,6 +43,10 @@ class TrainConfig:
     extra_data: list[str] = field(default_factory=list)
     num_prompts: int = 2500  # how many prompts to self-distill (0 = all)
     data_dir: str = "experiments/data/smollm2-selfdistill"
+    # "" or a folder (in the repository) mirroring the tokens of every data shard, ~4 bytes per token
+    # (eagle/train/tokens.py): a machine without data_dir rebuilds its features from them with one
+    # forward pass instead of sampling the answers again
+    tokens_dir: str = ""
     gen_batch_size: int = 32
     gen_max_new_tokens: int = 160
     gen_temperature: float = 0.6
@@ -88,7 +93,7 @@ class TrainConfig:
     def validate(self) -> None:
         # "~/..." folders: long data and training runs can live outside the work tree (e.g. under
         # ~/.cache/eagle), where a fresh checkout of the repository does not remove them
-        for name in ("data_dir", "out_dir"):
+        for name in ("data_dir", "out_dir", "tokens_dir"):
             setattr(self, name, os.path.expanduser(getattr(self, name)))
         if self.head not in HEAD_TYPES:
             raise ConfigError(f"head must be one of {', '.join(HEAD_TYPES)}, got '{self.head}'")
@@ -299,17 +304,31 @@ def data_layers(cfg, model) -> tuple[int, ...]:
 
 def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | None = None) -> None:
     """Self-distill the prompt set (``prompts``, default :func:`training_prompts`) into
-    ``cfg.data_dir`` (resumable), on the main process only."""
+    ``cfg.data_dir`` (resumable), on the main process only; with ``cfg.tokens_dir``, first rebuild
+    the shards the token store holds and ``data_dir`` lacks, and mirror every new shard into it."""
     if run.main:
         if prompts is None:
             prompts = training_prompts(cfg)
+        layers = data_layers(cfg, model)
+        store_hidden = cfg.extraction == "offline"
+        on_shard = None
+        if cfg.tokens_dir:
+            from .data import writer_lock
+            from .tokens import mirror_shards, sampling_settings, sync_token_store
+
+            settings = sampling_settings(cfg.target, cfg.gen_temperature, cfg.gen_max_new_tokens, cfg.shard_prompts,
+                                         cfg.seed)
+            with writer_lock(cfg.data_dir):
+                sync_token_store(model, cfg.data_dir, cfg.tokens_dir, prompts, settings, store_hidden, layers,
+                                 max_tokens=cfg.data_tokens)
+            on_shard = partial(mirror_shards, cfg.data_dir, cfg.tokens_dir, prompts, settings)
         m = load_manifest(cfg.data_dir)
         enough = cfg.data_tokens and m["tokens"] >= cfg.data_tokens  # a data_tokens run needs no more
         if m["prompts_done"] < len(prompts) and not enough:
             generate_shards(model, tok, prompts, cfg.data_dir, batch_size=cfg.gen_batch_size,
                             max_new_tokens=cfg.gen_max_new_tokens, temperature=cfg.gen_temperature,
-                            shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=cfg.extraction == "offline",
-                            feature_layers=data_layers(cfg, model))
+                            shard_prompts=cfg.shard_prompts, seed=cfg.seed, store_hidden=store_hidden,
+                            feature_layers=layers, on_shard=on_shard)
     run.barrier()
 
 

@@ -1,0 +1,164 @@
+"""The token store (eagle/train/tokens.py): a new machine rebuilds the feature shards from the stored
+tokens (equal to the sampled ones up to rounding), sampling resumes where the store ends and gives the
+tokens an uninterrupted run gives, data made before the store is mirrored into it, and a store that
+does not fit the run is refused with a message naming why."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle.train.data import ShardDataset, load_manifest
+from eagle.train.tokens import TokenStoreError, featurize, load_token_manifest
+from eagle.train.trainer import make_data
+
+from conftest import TINY_VOCAB, make_tiny_train_model, train_config
+
+V = TINY_VOCAB
+LAYERS = [1, 2]
+
+
+class ByteTokenizer:
+    """A token per UTF-8 byte, no chat template (as in test_train_data.py)."""
+
+    chat_template = None
+    pad_token_id = 0
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [2 + b % (V - 2) for b in text.encode()]}
+
+
+class NoSampling(ByteTokenizer):
+    """Fails the test if the data stage samples (it encodes the prompts first)."""
+
+    def __call__(self, text: str) -> dict:
+        raise AssertionError("the data stage sampled although the token store held every shard")
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = make_tiny_train_model()
+    m.generation_config.eos_token_id = 1
+    return m
+
+
+def _prompts(tmp_path, n=12):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"question {i} " * (1 + i % 3)}) + "\n" for i in range(n)))
+    return path
+
+
+def _cfg(tmp_path, data, prompts, n=12, tokens="tokens", **over):
+    kw = dict(num_prompts=n, gen_batch_size=4, gen_max_new_tokens=10, gen_temperature=0.6, shard_prompts=3,
+              feature_layers=LAYERS, tokens_dir=str(tmp_path / tokens) if tokens else "")
+    kw.update(over)
+    return train_config(tmp_path, tmp_path / data, prompts, data, **kw)
+
+
+def _same_data(a, b, features=True):
+    da, db = ShardDataset(a, load_layers=features, load_hidden=features), \
+        ShardDataset(b, load_layers=features, load_hidden=features)
+    assert len(da) == len(db)
+    for x, y in zip(da, db):
+        assert torch.equal(x.input_ids, y.input_ids) and x.prompt_len == y.prompt_len
+        if features:  # float16 storage of float32 features computed two ways
+            torch.testing.assert_close(x.hidden.float(), y.hidden.float(), atol=4e-3, rtol=2e-3)
+            torch.testing.assert_close(x.layers.float(), y.layers.float(), atol=4e-3, rtol=2e-3)
+    ma, mb = load_manifest(a), load_manifest(b)
+    keys = ("shards", "prompts_done", "tokens") + (("feature_layers", "has_hidden", "has_layers", "hidden_size")
+                                                   if features else ())
+    for k in keys:
+        assert ma[k] == mb[k], k
+
+
+def test_featurize_equals_a_forward_per_sequence(model):
+    """Batched, right-padded, several batches: each sequence's features equal its own forward."""
+    torch.manual_seed(0)
+    seqs = [torch.randint(2, V, (n,)) for n in (3, 17, 9, 30, 1, 12)]
+    out = featurize(model, seqs, (1, 2), max_tokens=40)  # forces several batches
+    for s, (h, f) in zip(seqs, out):
+        with torch.no_grad():
+            hs = model.model(s[None], output_hidden_states=True).hidden_states
+        torch.testing.assert_close(h.float(), hs[-1][0], atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(f.float(), torch.cat([hs[1][0], hs[2][0]], -1), atol=2e-3, rtol=1e-3)
+    assert featurize(model, seqs[:2])[0][1] is None
+
+
+def test_a_new_machine_rebuilds_the_features_without_sampling(tmp_path, model):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "sampled", prompts), model, ByteTokenizer())
+    store = load_token_manifest(tmp_path / "tokens")
+    assert store["prompts_done"] == 12 and [s["sequences"] for s in store["shards"]] == [3, 3, 3, 3]
+    assert store["settings"]["temperature"] == 0.6 and len(store["prompts_sha256"]) == 64
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "tokens").iterdir())
+    make_data(_cfg(tmp_path, "rebuilt", prompts), model, NoSampling())  # data_dir empty, store full
+    _same_data(tmp_path / "sampled", tmp_path / "rebuilt")
+
+
+def test_sampling_resumes_after_the_store_as_one_run_would(tmp_path, model):
+    """Half the prompts on one machine, the rest on another (its data_dir empty): the same tokens as
+    one uninterrupted run, and the store then holds all of them."""
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "first", prompts, n=6), model, ByteTokenizer())
+    make_data(_cfg(tmp_path, "second", prompts, n=12), model, ByteTokenizer())
+    make_data(_cfg(tmp_path, "whole", prompts, n=12, tokens=""), model, ByteTokenizer())
+    _same_data(tmp_path / "second", tmp_path / "whole")
+    assert load_token_manifest(tmp_path / "tokens")["tokens"] == load_manifest(tmp_path / "whole")["tokens"]
+
+
+def test_data_made_before_the_store_is_mirrored(tmp_path, model):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "old", prompts, n=6, tokens=""), model, ByteTokenizer())
+    make_data(_cfg(tmp_path, "old", prompts, n=6), model, NoSampling())  # nothing to sample: mirrors only
+    store = load_token_manifest(tmp_path / "tokens")
+    assert store["tokens"] == load_manifest(tmp_path / "old")["tokens"] and len(store["shards"]) == 2
+    make_data(_cfg(tmp_path, "copy", prompts, n=6), model, NoSampling())
+    _same_data(tmp_path / "old", tmp_path / "copy")
+
+
+def test_data_tokens_rebuilds_only_what_the_run_reads(tmp_path, model):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "sampled", prompts), model, ByteTokenizer())
+    first = load_token_manifest(tmp_path / "tokens")["shards"][0]["tokens"]
+    make_data(_cfg(tmp_path, "part", prompts, data_tokens=first + 1), model, NoSampling())
+    assert len(load_manifest(tmp_path / "part")["shards"]) == 2
+
+
+def test_online_extraction_copies_tokens_only(tmp_path, model):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "sampled", prompts, n=6), model, ByteTokenizer())
+    make_data(_cfg(tmp_path, "online", prompts, n=6, extraction="online", feature_layers=[]), model, NoSampling())
+    m = load_manifest(tmp_path / "online")
+    assert m["has_hidden"] is False and m["tokens"] == load_manifest(tmp_path / "sampled")["tokens"]
+    _same_data(tmp_path / "sampled", tmp_path / "online", features=False)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(gen_temperature=0.9), r"other settings \(temperature: 0\.6 there, 0\.9 here\)"),
+    (dict(shard_prompts=4), r"shard_prompts: 3 there, 4 here"),
+    (dict(prompts="other"), r"answers other prompts than the first 6"),
+])
+def test_a_store_of_other_data_is_refused(tmp_path, model, change, message):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "sampled", prompts, n=6), model, ByteTokenizer())
+    if change.get("prompts") == "other":
+        other = tmp_path / "other.jsonl"
+        other.write_text("".join(json.dumps({"prompt": f"other {i}"}) + "\n" for i in range(12)))
+        prompts, change = other, {}
+    with pytest.raises(TokenStoreError, match=message):
+        make_data(_cfg(tmp_path, "fresh", prompts, **change), model, NoSampling())
+
+
+def test_a_data_dir_that_disagrees_with_the_store_is_refused(tmp_path, model):
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "a", prompts, n=6), model, ByteTokenizer())
+    make_data(_cfg(tmp_path, "b", prompts, n=3, tokens="", seed=5), model, ByteTokenizer())  # other draws
+    with pytest.raises(TokenStoreError, match=r"differ at shard 0 .*different data; use a fresh data_dir"):
+        make_data(_cfg(tmp_path, "b", prompts, n=6), model, NoSampling())
+
+
+def test_a_foreign_manifest_is_refused(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"shards": []}')
+    with pytest.raises(TokenStoreError, match="not a token store manifest"):
+        load_token_manifest(tmp_path)
