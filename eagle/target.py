@@ -58,15 +58,21 @@ def register_tree_attention() -> str:
     if _TREE_IMPL in AttentionInterface._global_mapping:
         return _TREE_IMPL
 
+    from kernels.tree_attention import tree_attention  # also registers torch.ops.eagle.tree_attention
+
     def eagle_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                             tree_mask=None, **kwargs):
-        # query (B, Hq, T, D); key/value (B, Hkv, P+T, D)
+                             tree_mask=None, tree_prefix=None, **kwargs):
+        # query (B, Hq, T, D); key/value (B, Hkv, P+T, D), or the whole slot buffer (B, Hkv, C, D)
+        # of a compiled step, whose prefix length is then tree_prefix (1,) int32 on the device
         # tree_mask: (T, W) int32 bit-packed ancestors (target verify), or (n, S+n) bool for a draft
         # head level whose n new queries follow S earlier tree entries
         if tree_mask is None or getattr(module, "sliding_window", None) is not None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
-        from kernels.tree_attention import tree_attention
+        if tree_prefix is not None:  # one opaque op in the compiled graph (no host sync, fixed shapes)
+            scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+            out = torch.ops.eagle.tree_attention(query, key, value, tree_mask, tree_prefix, scale)
+            return out.transpose(1, 2).contiguous(), None
 
         n, m = tree_mask.shape[-2], tree_mask.shape[-1]
         if tree_mask.dtype == torch.bool and m > n:
@@ -143,9 +149,9 @@ class Target:
             model.set_attn_implementation(register_tree_attention())
         self.eager = model.config._attn_implementation == "eager"
         self.static = self.runtime.cache == "static"
-        # compiled steps read the whole cache buffer (fixed shapes); the tree kernel takes
-        # [prefix | tree] keys, so a compiled step uses the SDPA path with the dense mask
-        self.compiled = self.runtime.compile and not self.use_kernel
+        # compiled steps read the whole cache buffer (fixed shapes): SDPA with the dense mask, or the
+        # tree kernel as the op torch.ops.eagle.tree_attention, given the prefix length as a tensor
+        self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
         # float32 CPU, eager static steps: MKL's packed GEMM for buckets of >= 4 rows
         use_packed = self.static and self.runtime.packed_linear and not self.compiled
@@ -294,8 +300,10 @@ class Target:
             in_tree = (col >= P) & (col < P + size)
             allowed = (col < P)[None, :] | (in_tree[None, :] & anc[:, rel])  # (Tb, C)
             key_pos = torch.where(col < P, col, P + depth[rel])  # (C,)
+            extra = {"tree_mask": pack_bits(anc), "tree_prefix": torch.tensor([P], dtype=torch.int32, device=dev)} \
+                if self.use_kernel else {}
             hidden, fused = self._compiled_step(size, layers)(tokens, positions, self._masks(allowed, positions, key_pos),
-                                                              slots, cache)
+                                                              slots, cache, **extra)
         else:
             extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
             base = self._packed_base if size in self.packed_rows else None  # same results, MKL's packed GEMM
@@ -315,14 +323,14 @@ class Target:
         _inductor_cache_dir()
         mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPU
 
-        def step(tokens, positions, masks, slots, cache):
-            return self._run(tokens, positions, cache, masks, layers, cache_slots=slots)
+        def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
+            return self._run(tokens, positions, cache, masks, layers, cache_slots=slots, **kernel)
 
         compiled = torch.compile(step, dynamic=False, mode=mode)
 
-        def first_call(*args):
+        def first_call(*args, **kwargs):
             t0 = time.perf_counter()
-            out = compiled(*args)
+            out = compiled(*args, **kwargs)
             self.compile_s[size] = time.perf_counter() - t0
             self._steps[(size, layers)] = compiled
             return out

@@ -48,6 +48,8 @@ __all__ = [
     "pack_ancestors",
     "unpack_ancestors",
     "use_triton",
+    "slot_tree_mask",
+    "tree_attention_op",
 ]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -96,11 +98,30 @@ def dense_tree_mask(ancestors: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return torch.cat([prefix, ancestors], dim=-1)  # (..., T, P + T)
 
 
+def slot_tree_mask(ancestors: torch.Tensor, prefix_len: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The dense mask over a slot buffer of ``capacity`` keys whose tree sits at slots
+    ``prefix_len[b] .. prefix_len[b] + T``: bool ``(B', T, capacity)``, entry ``[b, i, s]`` true iff
+    ``s < P_b`` or ``ancestors[i, s - P_b]`` (slots past the tree: false). Tensor ops only (no host
+    sync); ``prefix_len``: ``(1,)`` or ``(B,)``, ``ancestors``: ``(T, T)`` / ``(B, T, T)`` bool or packed."""
+    if ancestors.dtype == torch.int32:
+        ancestors = unpack_ancestors(ancestors, ancestors.shape[-2])  # (..., T, T)
+    anc = ancestors if ancestors.dim() == 3 else ancestors[None]  # (Ba, T, T)
+    T = anc.shape[-1]
+    col = torch.arange(capacity, device=anc.device)  # (C,)
+    P = prefix_len.to(torch.long)[:, None]  # (Bp, 1)
+    rel = col[None, :] - P  # (Bp, C) slot -> tree node
+    in_tree = (rel >= 0) & (rel < T)  # (Bp, C)
+    Bm = max(anc.shape[0], P.shape[0])
+    seen = torch.gather(anc.expand(Bm, T, T), 2, rel.clamp(0, T - 1)[:, None, :].expand(Bm, T, capacity))  # (Bm, T, C)
+    return (col[None, :] < P)[:, None, :] | (in_tree[:, None, :] & seen)  # (Bm, T, C)
+
+
 # ------------------------------------------------------------------------------------------------
 # Validation shared by the kernel wrapper and the reference
 # ------------------------------------------------------------------------------------------------
-def _check_inputs(q, k, v, ancestors, dtypes) -> tuple[int, int, int, int, int, int, int, bool]:
-    """Validate the contract; return ``(B, Hq, Hkv, T, P, D, mask_batch, packed)``."""
+def _check_inputs(q, k, v, ancestors, dtypes, prefix_len=None) -> tuple[int, int, int, int, int | None, int, int, bool]:
+    """Validate the contract; return ``(B, Hq, Hkv, T, P, D, mask_batch, packed)`` (``P`` None when
+    the prefix length comes as a tensor: slot-buffer keys)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("ancestors", ancestors)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -131,6 +152,13 @@ def _check_inputs(q, k, v, ancestors, dtypes) -> tuple[int, int, int, int, int, 
     if S < T:
         raise ValueError(f"k/v hold {S} positions, fewer than the T={T} tree nodes they must end with")
     P = S - T
+    if prefix_len is not None:
+        if not isinstance(prefix_len, torch.Tensor) or prefix_len.dtype != torch.int32 or prefix_len.dim() != 1 \
+                or prefix_len.shape[0] not in (1, B):
+            raise ValueError("prefix_len must be an int32 tensor of shape (1,) or (B,)")
+        if prefix_len.device != q.device:
+            raise ValueError(f"prefix_len is on {prefix_len.device}, q on {q.device}")
+        P = None  # on the device; the caller guarantees prefix_len + T <= S
 
     if ancestors.dtype == torch.bool:
         packed, width, want = False, T, f"(T, T) or (B, T, T) = ({T}, {T}) or ({B}, {T}, {T})"
@@ -156,7 +184,7 @@ def _check_inputs(q, k, v, ancestors, dtypes) -> tuple[int, int, int, int, int, 
 # Reference (portable path)
 # ------------------------------------------------------------------------------------------------
 def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestors: torch.Tensor,
-                             scale: float | None = None) -> torch.Tensor:
+                             scale: float | None = None, prefix_len: torch.Tensor | None = None) -> torch.Tensor:
     """Dense torch tree attention: softmax over ``[prefix | ancestors]`` with a dense bool mask.
 
     Same contract as :func:`tree_attention`; additionally accepts float64 inputs (the tests'
@@ -164,13 +192,15 @@ def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     query heads as ``(Hkv, group)`` rather than by repeating K/V. A node that may see no key at all
     (only possible with ``P == 0`` and an all-false mask row, which breaks the contract) gets 0.
     """
-    B, Hq, Hkv, T, P, D, _, _ = _check_inputs(q, k, v, ancestors, SUPPORTED_DTYPES + (torch.float64,))
+    B, Hq, Hkv, T, P, D, _, _ = _check_inputs(q, k, v, ancestors, SUPPORTED_DTYPES + (torch.float64,), prefix_len)
     if scale is None:
         scale = D ** -0.5
     G = Hq // Hkv
+    S = k.shape[2]
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    mask = dense_tree_mask(ancestors, P)  # (T, P+T) or (B, T, P+T)
-    mask = mask.view(-1, 1, 1, T, P + T)  # (B or 1, 1, 1, T, S)
+    # (T, S) or (B, T, S): [prefix | tree], or the slot buffer with the tree at prefix_len
+    mask = dense_tree_mask(ancestors, P) if prefix_len is None else slot_tree_mask(ancestors, prefix_len, S)
+    mask = mask.view(-1, 1, 1, T, S)  # (B or 1, 1, 1, T, S)
     qg = q.to(cdt).reshape(B, Hkv, G, T, D)  # (B, Hkv, G, T, D)
     kf, vf = k.to(cdt), v.to(cdt)  # (B, Hkv, S, D)
     scores = torch.einsum("bhgtd,bhsd->bhgts", qg, kf) * scale  # (B, Hkv, G, T, S)
@@ -219,7 +249,8 @@ if HAS_TRITON:
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_ot, stride_od,
         stride_mb, stride_mt, stride_mw,
-        HQ, P, T,
+        PLEN, stride_pb,  # prefix length per batch row, int32 in memory (stride 0: one for all)
+        HQ, T,
         GROUP: tl.constexpr,  # Hq // Hkv
         HEAD_DIM: tl.constexpr,  # true head dim D
         BLOCK_D: tl.constexpr,  # D rounded up to a power of two >= 16
@@ -234,6 +265,9 @@ if HAS_TRITON:
         off_b = (off_bh // HQ).to(tl.int64)  # int64: batch offsets of a long KV cache exceed 2^31
         off_h = (off_bh % HQ).to(tl.int64)
         off_kvh = off_h // GROUP  # GQA: read the shared kv head directly, never a repeated copy
+        # read from memory, not passed by value: a compiled / CUDA-graph step replays with new
+        # prefix lengths without a new launch configuration (keys past P + T are never read)
+        P = tl.load(PLEN + off_b * stride_pb)
 
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) tree node index
         offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
@@ -341,8 +375,11 @@ _SHRUNK_CONFIGS: dict = {}  # (device, dtype, D, BLOCK_M, BLOCK_N) -> smaller co
 
 
 def _tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, words: torch.Tensor,
-                           scale: float, block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """Launch the kernel on validated inputs. ``words``: packed mask, int32 ``(T, W)`` or ``(B, T, W)``.
+                           scale: float, block_m: int | None = None, block_n: int | None = None,
+                           prefix_len: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the kernel on validated inputs. ``words``: packed mask, int32 ``(T, W)`` or ``(B, T, W)``;
+    ``prefix_len``: int32 ``(1,)`` / ``(B,)`` on the device (slot-buffer keys), or None (``[prefix | tree]``
+    keys, ``P = S - T``).
 
     ``block_m`` / ``block_n`` override the heuristic tile sizes (powers of two >= 16); the tests
     use them to cover several query blocks and several tree blocks at small T.
@@ -355,6 +392,9 @@ def _tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wo
     if words.dim() == 2:
         words = words.unsqueeze(0)  # (1, T, W): one tree shared by the whole batch
     stride_mb = 0 if words.shape[0] == 1 else words.stride(0)
+    if prefix_len is None:
+        prefix_len = torch.full((1,), S - T, dtype=torch.int32, device=q.device)
+    stride_pb = 0 if prefix_len.shape[0] == 1 else prefix_len.stride(0)
 
     interpret = _KERNEL_INTERPRETED
     cfg = _launch_config(T, D, q.dtype, interpret)
@@ -373,7 +413,8 @@ def _tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wo
             float(scale) * _LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             stride_mb, words.stride(1), words.stride(2),
-            Hq, S - T, T,
+            prefix_len, stride_pb,
+            Hq, T,
             GROUP=Hq // Hkv, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -399,7 +440,7 @@ def _tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wo
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestors: torch.Tensor,
-                   scale: float | None = None) -> torch.Tensor:
+                   scale: float | None = None, prefix_len: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``T`` tree nodes over ``P`` prefix keys plus their ancestors among the tree.
 
     Args:
@@ -413,6 +454,11 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestors:
             per decoding step and pass the int32 form to every layer: the kernel reads it directly
             (a bool mask is packed on every call, then runs the same kernel).
         scale: softmax scale, default ``D ** -0.5``.
+        prefix_len: None, or int32 ``(1,)`` / ``(B,)`` on the device: then ``k, v`` are a slot
+            buffer ``(B, Hkv, C, D)`` (a static KV cache) whose prefix is slots ``0 .. P_b - 1`` and
+            whose tree nodes are slots ``P_b .. P_b + T - 1``; slots past them are never read. The
+            length stays on the device (no host sync, one launch shape for every step), which is what
+            a compiled or CUDA-graph step needs; the caller guarantees ``P_b + T <= C``.
 
     Returns:
         ``(B, Hq, T, D)`` with ``q``'s dtype (contiguous).
@@ -428,10 +474,28 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestors:
     A node whose mask row is all false with ``P == 0`` (impossible for a real ancestor mask, which
     has the diagonal) gets a zero output on both paths.
     """
-    _, _, _, _, _, D, _, packed = _check_inputs(q, k, v, ancestors, SUPPORTED_DTYPES)
+    _, _, _, _, _, D, _, packed = _check_inputs(q, k, v, ancestors, SUPPORTED_DTYPES, prefix_len)
     if scale is None:
         scale = D ** -0.5
     if not use_triton(q.device):
-        return tree_attention_reference(q, k, v, ancestors, scale)
+        return tree_attention_reference(q, k, v, ancestors, scale, prefix_len)
     words = ancestors if packed else pack_ancestors(ancestors)  # (T, W) or (B, T, W) int32
-    return _tree_attention_triton(q, k, v, words, scale)
+    return _tree_attention_triton(q, k, v, words, scale, prefix_len=prefix_len)
+
+
+# ------------------------------------------------------------------------------------------------
+# The op inside compiled graphs
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("eagle::tree_attention", mutates_args=())
+def tree_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestors: torch.Tensor,
+                      prefix_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """``torch.ops.eagle.tree_attention``: :func:`tree_attention` over a slot buffer as one opaque
+    op, so ``torch.compile`` (and CUDA graphs under ``mode="reduce-overhead"``) keep the Triton kernel
+    in the graph instead of tracing into, or breaking at, its launch. Same arguments as
+    :func:`tree_attention` with ``prefix_len`` required (the prefix length lives on the device)."""
+    return tree_attention(q, k, v, ancestors, scale=scale, prefix_len=prefix_len)
+
+
+@tree_attention_op.register_fake
+def _tree_attention_fake(q, k, v, ancestors, prefix_len, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, T, D)

@@ -410,7 +410,7 @@ for arch, dtype, D, T in [(90, torch.bfloat16, 128, 16), (90, torch.bfloat16, 12
     cfg = ta._launch_config(T, D, dtype, interpret=False)
     ty = TY[dtype]
     sig = {n: "i32" for n in names}
-    sig.update(Q="*" + ty, K="*" + ty, V="*" + ty, O="*" + ty, MASK="*i32", qk_scale="fp32")
+    sig.update(Q="*" + ty, K="*" + ty, V="*" + ty, O="*" + ty, MASK="*i32", PLEN="*i32", qk_scale="fp32")
     # what a launch on contiguous (B, H, S, D) tensors specializes: unit strides become constants,
     # 16-aligned pointers and strides carry tt.divisibility
     const = {n: 1 for n in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_mw")}
@@ -453,3 +453,100 @@ def test_kernel_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     print(res.stdout)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert res.stdout.count("spill=") == 6, res.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# slot buffers: the prefix length from a device tensor (static caches, compiled steps)
+# ------------------------------------------------------------------------------------------------
+def _slot_case(B, Hq, Hkv, T, C, D, dtype, gen, prefixes):
+    """Random (q, buffer k/v of C slots filled with noise everywhere, per-batch trees) and, per batch
+    item, the contiguous ``[prefix | tree]`` keys the same attention reads."""
+    q = torch.randn(B, Hq, T, D, generator=gen).to(dtype)  # (B, Hq, T, D)
+    k = torch.randn(B, Hkv, C, D, generator=gen)  # (B, Hkv, C, D)
+    v = torch.randn(B, Hkv, C, D, generator=gen)
+    for b, P in enumerate(prefixes):  # slots past the tree: large, so reading any of them shows
+        k[b, :, P + T:] *= 100
+        v[b, :, P + T:] = 1e4
+    k, v = k.to(dtype), v.to(dtype)
+    parents = [random_parents(T, gen) for _ in range(B)]
+    anc = torch.stack([ancestors_of(p) for p in parents])  # (B, T, T)
+    plen = torch.tensor(prefixes, dtype=torch.int32)  # (B,)
+    return q, k, v, anc, plen, parents
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slot_buffer_equals_prefix_and_tree_keys(dtype):
+    """Keys in a slot buffer (tree at prefix_len[b], noise past it), a different prefix length and
+    tree per batch item, GQA: each item equals the kernel on its own contiguous [prefix | tree]
+    keys and the per-node path attention; the reference agrees."""
+    B, Hq, Hkv, T, C, D = 3, 4, 2, 13, 96, 32
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, anc, plen, parents = _slot_case(B, Hq, Hkv, T, C, D, dtype, gen, [0, 37, 83])
+    out = tree_attention(q, k, v, pack_ancestors(anc), prefix_len=plen)
+    ref = tree_attention_reference(q.double(), k.double(), v.double(), anc, prefix_len=plen)
+    assert_close(out, ref, dtype)
+    for b, P in enumerate(plen.tolist()):
+        kb, vb = k[b:b + 1, :, :P + T], v[b:b + 1, :, :P + T]  # [prefix | tree]
+        assert_close(out[b:b + 1], path_attention(q[b:b + 1], kb, vb, [parents[b]]), dtype)
+        assert torch.equal(out[b:b + 1], tree_attention(q[b:b + 1], kb, vb, pack_ancestors(anc[b])))
+
+
+def test_slot_buffer_one_length_for_the_batch_and_small_tiles():
+    """prefix_len of shape (1,) broadcasts; 16 x 16 tiles cover several blocks and a ragged tail."""
+    B, Hq, Hkv, T, C, D = 2, 2, 1, 37, 128, 16
+    gen = torch.Generator().manual_seed(22)
+    q, k, v, anc, _, parents = _slot_case(B, Hq, Hkv, T, C, D, torch.float32, gen, [45, 45])
+    plen = torch.tensor([45], dtype=torch.int32)
+    out = ta._tree_attention_triton(q, k, v, pack_ancestors(anc), D ** -0.5, block_m=16, block_n=16, prefix_len=plen)
+    assert_close(out, path_attention(q, k[:, :, :45 + T], v[:, :, :45 + T], parents), torch.float32)
+
+
+def test_slot_tree_mask_layout():
+    anc = ancestors_of([-1, 0, 0])  # root, two children
+    m = ta.slot_tree_mask(anc, torch.tensor([2], dtype=torch.int32), 7)
+    assert m.shape == (1, 3, 7)
+    assert m[0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 1, 0, 0]]
+    m2 = ta.slot_tree_mask(pack_ancestors(anc), torch.tensor([0, 4], dtype=torch.int32), 7)
+    assert m2.shape == (2, 3, 7) and torch.equal(m2[1], torch.cat([torch.ones(3, 4, dtype=torch.bool), anc], 1))
+
+
+def test_slot_buffer_errors():
+    q, k, v, anc = _valid()
+    for bad in (torch.tensor([1]), torch.tensor([[1]], dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32), 3):
+        with pytest.raises(ValueError, match=r"prefix_len must be an int32 tensor of shape \(1,\) or \(B,\)"):
+            tree_attention(q, k, v, anc, prefix_len=bad)
+
+
+def test_custom_op_schema_and_fake_tensor():
+    """torch.library's own checks of the registered op (schema, fake implementation, autograd
+    registration, dispatch), on the interpreted kernel."""
+    B, Hq, Hkv, T, C, D = 2, 4, 2, 9, 48, 16
+    gen = torch.Generator().manual_seed(23)
+    q, k, v, anc, plen, _ = _slot_case(B, Hq, Hkv, T, C, D, torch.float32, gen, [5, 30])
+    args = (q, k, v, pack_ancestors(anc), plen, D ** -0.5)
+    torch.library.opcheck(torch.ops.eagle.tree_attention.default, args)
+    assert torch.equal(torch.ops.eagle.tree_attention(*args), tree_attention(q, k, v, args[3], prefix_len=plen))
+
+
+@pytest.mark.compile
+def test_custom_op_stays_one_node_in_a_compiled_graph():
+    """torch.compile(fullgraph=True) of attention through the op (no graph break, the kernel not
+    traced into) equals eager, and a second prefix length reuses the graph (no recompile)."""
+    import torch._dynamo
+
+    B, Hq, Hkv, T, C, D = 1, 4, 2, 8, 64, 16
+    gen = torch.Generator().manual_seed(24)
+    q, k, v, anc, _, _ = _slot_case(B, Hq, Hkv, T, C, D, torch.float32, gen, [0])
+    words = pack_ancestors(anc)
+
+    def attend(q, k, v, words, plen):
+        return torch.ops.eagle.tree_attention(q * 1.0, k, v, words, plen, D ** -0.5) + 1.0
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    fn = torch.compile(attend, fullgraph=True, dynamic=False)
+    for P in (3, 40):
+        plen = torch.tensor([P], dtype=torch.int32)
+        torch.testing.assert_close(fn(q, k, v, words, plen), attend(q, k, v, words, plen), atol=1e-6, rtol=1e-6)
+    assert counts["stats"]["unique_graphs"] == 1

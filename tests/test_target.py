@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 
 from eagle import Target, TreeDecoder
 from eagle.draft import NoDrafter, SelfDrafter, TreeShape
@@ -353,13 +354,28 @@ def test_runtime_dtype_works_on_a_copy(tiny_model):
 
 
 @pytest.mark.compile
-def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("attention", ["reference", "triton"])
+def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch, attention):
     """torch.compile of a bucket's step (inductor on the CPU) == the eager step; its graph is
-    compiled once per bucket and reused; greedy decoding through it == plain eager decoding."""
+    compiled once per bucket and reused; greedy decoding through it == plain eager decoding.
+    ``triton``: the tree kernel (interpreted) runs inside the compiled graph as the op
+    ``torch.ops.eagle.tree_attention``, reading the prefix length from a tensor."""
+    from kernels import tree_attention as ta
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    slot_calls = []
+    real = ta.tree_attention
+
+    def counting(*args, prefix_len=None, **kw):
+        slot_calls.append(prefix_len is not None)
+        return real(*args, prefix_len=prefix_len, **kw)
+
+    monkeypatch.setattr(ta, "tree_attention", counting)  # what the op calls
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     model = tiny_model("llama")
     eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    comp = Target(model, attention, RuntimeConfig(buckets=[8], compile=True))
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, V, (20,), generator=gen)
     ce, cc = eager.new_cache(64), comp.new_cache(64)
@@ -378,3 +394,8 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch):
     out = TreeDecoder(comp, drafter).generate(prefix[:10], 20)
     assert out.tokens == TreeDecoder(eager).generate(prefix[:10], 20).tokens
     assert list(comp.compile_s) == [8]  # plain steps pad to the same bucket: nothing new compiled
+    assert not torch._dynamo.utils.counters["graph_break"]  # one graph per step, the kernel op inside
+    if attention == "triton":  # every layer of every compiled step went through the op
+        assert slot_calls and all(slot_calls)
+    else:
+        assert not slot_calls
