@@ -12,6 +12,11 @@ each ``nn.Linear`` of the decoder is a :class:`PackedLinear`. A ``PackedLinear``
 of a packed row count with ``torch.ops.mkl._mkl_linear`` and a packed copy of its weight made on
 first use (one per row count: about the weight's own size), everything else with ``F.linear``.
 The caller's model is never changed; callers run the twin for the steps whose row count is packed.
+
+Whether packing pays depends on the machine: on an Intel Xeon (2 threads) it made all 210 products
+of 4-64 rows 1.2-3.1x faster, on an AMD EPYC (Zen 4, 2 threads) 6-22% slower
+(``python experiments/packed_gemm.py``). So :func:`packing_pays` measures it, once per process and
+row count, on the model's own weights, and callers pack only the row counts that won.
 This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
 The first version intercepted every torch call of the forward (~2,300 per step) with a
 ``TorchFunctionMode`` instead, whose Python cost per call made a 4-16-node step 10-13% slower
@@ -21,16 +26,26 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "MIN_ROWS"]
+__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "packing_pays",
+           "packing_measurements", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
 _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
+# packing_pays: the products it times stream this many MB of the model's weights (well past the
+# caches, as in a real step), and packing must win by this fraction to be chosen
+MEASURE_MB = 64
+MARGIN = 0.03
+_MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes) -> {"plain_ms", "packed_ms", "packed"}
+# "measure" (default) | "always" | "never": what packing_pays decides; the test suite sets "always"
+# so that which GEMM runs does not depend on timings
+DECIDE = "measure"
 
 
 def packed_gemm_available() -> bool:
@@ -106,3 +121,73 @@ def packed_row_counts(twin: nn.Module | None) -> frozenset:
     if twin is None:
         return frozenset()
     return next((m.row_counts for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
+
+
+def _decoder_linears(model: nn.Module) -> list[nn.Linear]:
+    lm_head = model.get_output_embeddings()
+    return [m for m in model.modules() if type(m) is nn.Linear and m is not lm_head]
+
+
+def _timed_pass(fns, repeats: int) -> list[float]:
+    """Best-of-``repeats`` seconds of each zero-argument ``fn`` (interleaved, after one warm-up each)."""
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        fn()
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
+    """The row counts (of ``row_counts``, >= ``MIN_ROWS``) for which MKL's packed GEMM beats the plain
+    GEMM on this machine by at least ``MARGIN``: for each, the products of the first ``MEASURE_MB``
+    of the model's decoder weights are timed both ways (interleaved, best of ``repeats``; packed
+    copies made for the measurement are freed). Measured once per process per row count and
+    weight shapes (``packing_measurements()`` has the figures); empty without measuring when
+    packing cannot apply (weights not float32 on the CPU, no MKL)."""
+    w = model.get_output_embeddings().weight
+    rows = sorted(r for r in set(row_counts) if r >= MIN_ROWS)
+    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available() \
+            or DECIDE == "never":
+        return frozenset()
+    if DECIDE == "always":
+        return frozenset(rows)
+    linears = [m for m in _decoder_linears(model) if not m.weight.requires_grad]
+    sample, total = [], 0
+    for m in linears:  # the first MEASURE_MB of weights (at least one)
+        if sample and total + m.weight.numel() * 4 > MEASURE_MB * 1e6:
+            break
+        sample.append(m)
+        total += m.weight.numel() * 4
+    shapes = tuple(tuple(m.weight.shape) for m in sample)
+    won = set()
+    for r in rows:
+        key = (r, shapes)
+        if key not in _MEASURED:
+            xs = {m.in_features: torch.randn(r, m.in_features) for m in sample}
+            packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, r) for m in sample]
+
+            def plain():
+                for m in sample:
+                    F.linear(xs[m.in_features], m.weight, m.bias)
+
+            def mkl():
+                for m, p in zip(sample, packed):
+                    torch.ops.mkl._mkl_linear(xs[m.in_features], p, m.weight, m.bias, r)
+
+            t_plain, t_packed = _timed_pass([plain, mkl], repeats)
+            del packed
+            _MEASURED[key] = {"rows": r, "mb": round(total / 1e6, 1), "plain_ms": round(t_plain * 1e3, 2),
+                              "packed_ms": round(t_packed * 1e3, 2), "packed": t_packed < (1 - MARGIN) * t_plain}
+        if _MEASURED[key]["packed"]:
+            won.add(r)
+    return frozenset(won)
+
+
+def packing_measurements() -> list[dict]:
+    """What :func:`packing_pays` measured in this process: per row count, the ms of both ways over
+    the sampled weights and whether packing was chosen."""
+    return [dict(v) for v in _MEASURED.values()]

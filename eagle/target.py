@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from .kv import SlotCache
 from .lmhead import project
-from .packed import packed_row_counts, packed_twin
+from .packed import packed_row_counts, packed_twin, packing_pays
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -155,7 +155,9 @@ class Target:
         self._steps: dict = {}  # bucket -> compiled step function
         # float32 CPU, eager static steps: MKL's packed GEMM for buckets of >= 4 rows
         use_packed = self.static and self.runtime.packed_linear and not self.compiled
-        self.packed = packed_twin(model, self.runtime.buckets) if use_packed else None  # the model's packed twin
+        # the buckets whose products MKL's packed GEMM runs faster on this machine (measured once)
+        rows = packing_pays(model, self.runtime.buckets) if use_packed else frozenset()
+        self.packed = packed_twin(model, rows) if rows else None  # the model's packed twin
         self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps run on the twin
         self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call

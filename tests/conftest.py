@@ -143,6 +143,18 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _packed_gemm_always():
+    """Buckets >= 4 always take MKL's packed GEMM in tests (eagle.packed.DECIDE): whether it pays is
+    measured at run time otherwise, and tests must not depend on timings (tests/test_packed.py
+    tests the measurement)."""
+    import eagle.packed as pk
+
+    old, pk.DECIDE = pk.DECIDE, "always"
+    yield
+    pk.DECIDE = old
+
+
 _MODEL_CACHE: dict = {}
 
 

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from eagle import Target
-from eagle.packed import PackedLinear, packed_gemm_available, packed_row_counts, packed_twin
+from eagle.packed import (MIN_ROWS, PackedLinear, packed_gemm_available, packed_row_counts, packed_twin,
+                          packing_measurements, packing_pays)
 from eagle.runtime import RuntimeConfig
 
 from conftest import TINY_VOCAB, make_random_tree
@@ -61,10 +62,12 @@ def test_packed_twin_shares_weights_and_leaves_the_model_alone(tiny_model):
 
 
 @needs_mkl
-def test_packed_target_equals_plain_target(tiny_model):
+def test_packed_target_equals_plain_target(tiny_model, monkeypatch):
     model = tiny_model("qwen2")  # q/k/v carry biases
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (17,), generator=gen)
+    # packing chosen for every bucket (on a tiny model the measurement would decide by noise)
+    monkeypatch.setattr("eagle.target.packing_pays", lambda m, rows: frozenset(r for r in rows if r >= MIN_ROWS))
     on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p)) for p in (True, False))
     assert on.packed is not None and off.packed is None and off.packed_rows == frozenset()
     for t in (on, off):
@@ -83,3 +86,48 @@ def test_packed_twin_follows_the_models_attention_implementation(tiny_model):
     twin = packed_twin(model, [8])
     model.set_attn_implementation("eager")  # e.g. a later Target selecting the tree kernel
     assert packed_twin(model, [8]) is twin and twin.config._attn_implementation == "eager"
+
+
+@needs_mkl
+def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monkeypatch):
+    """Per row count: packed chosen only when it beats the plain GEMM by MARGIN; measured once per
+    process (memo), over the model's decoder weights; nothing measured where packing cannot apply;
+    a Target whose buckets all lose to the plain GEMM runs without a twin."""
+    import eagle.packed as pk
+
+    model = copy.deepcopy(tiny_model("llama"))
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    monkeypatch.setattr(pk, "DECIDE", "measure")  # tests/conftest.py sets "always"
+    calls = []
+    verdict = {4: (1.0, 0.5), 8: (1.0, 0.99), 16: (1.0, 1.5)}  # rows -> (plain s, packed s)
+
+    def fake(fns, repeats):
+        rows = [r for r in verdict if r not in calls][0]
+        calls.append(rows)
+        for fn in fns:  # both ways really run on the model's weights
+            fn()
+        return list(verdict[rows])
+
+    monkeypatch.setattr(pk, "_timed_pass", fake)
+    assert packing_pays(model, [1, 2, 4, 8, 16]) == frozenset({4})  # 8: within the margin; 16: slower
+    assert calls == [4, 8, 16]
+    assert packing_pays(model, [4, 8, 16]) == frozenset({4}) and calls == [4, 8, 16]  # memo: not measured again
+    got = {m["rows"]: m for m in packing_measurements()}
+    assert got[4]["packed"] and not got[8]["packed"] and got[16]["packed_ms"] == 1500.0
+    assert packing_pays(copy.deepcopy(model).to(torch.bfloat16), [8]) == frozenset() and len(calls) == 3
+    monkeypatch.setattr("eagle.target.packing_pays", lambda m, rows: frozenset())
+    assert Target(model, "reference", RuntimeConfig()).packed is None
+
+
+@needs_mkl
+def test_packing_pays_measures_real_products(tiny_model, monkeypatch):
+    """Without a fake timer: a real measurement returns a subset of the asked row counts >= MIN_ROWS
+    and records both timings."""
+    import eagle.packed as pk
+
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    monkeypatch.setattr(pk, "DECIDE", "measure")
+    won = packing_pays(tiny_model("llama"), [1, 4, 8])
+    assert won <= {4, 8}
+    assert sorted(m["rows"] for m in packing_measurements()) == [4, 8]
+    assert all(m["plain_ms"] > 0 and m["packed_ms"] > 0 for m in packing_measurements())
