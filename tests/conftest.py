@@ -112,6 +112,17 @@ def make_tiny_head_target(arch: str = "llama", hidden: int = TINY_HIDDEN, vocab:
     return _HEAD_TARGETS[key]
 
 
+class ByteTokenizer:
+    """Just enough of a tokenizer for the data stage (no chat template): a token per UTF-8 byte,
+    inside the tiny training vocabulary."""
+
+    chat_template = None
+    pad_token_id = 0
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [2 + b % (TINY_VOCAB - 2) for b in text.encode()]}
+
+
 def make_tiny_train_model(seed: int = 0):
     """The target of the training tests (head trainer, distillation, draft models): a tiny Llama with
     embeddings x4 and LM head x30. A new model on every call (tests may edit its generation config)."""

@@ -13,7 +13,7 @@ from eagle.prompts import PromptFileError
 from eagle.train.data import ShardDataset, load_manifest, write_shard
 from eagle.train.trainer import TrainConfig, load_train_config, train
 
-from conftest import (BAD_PROMPTS, PROMPT_LEN, TINY_VOCAB, exported, make_tiny_train_model, sequences, train_config,
+from conftest import (BAD_PROMPTS, PROMPT_LEN, ByteTokenizer, TINY_VOCAB, exported, make_tiny_train_model, sequences, train_config,
                       write_bad_prompts)
 
 V = TINY_VOCAB
@@ -67,16 +67,6 @@ def test_shard_prompts_is_validated(tmp_path):
         load_train_config(path)
     path.write_text("shard_prompts: 5\n")
     assert load_train_config(path).shard_prompts == 5 and TrainConfig().shard_prompts == 96
-
-
-class ByteTokenizer:
-    """Just enough of a tokenizer for the data stage (no chat template): a token per UTF-8 byte."""
-
-    chat_template = None
-    pad_token_id = 0
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [2 + b % (V - 2) for b in text.encode()]}
 
 
 def test_same_head_whether_data_was_generated_in_the_same_call_or_before(tmp_path):

@@ -13,20 +13,10 @@ from eagle.train.data import ShardDataset, load_manifest
 from eagle.train.tokens import TokenStoreError, featurize, load_token_manifest
 from eagle.train.trainer import make_data
 
-from conftest import TINY_VOCAB, make_tiny_train_model, train_config
+from conftest import TINY_VOCAB, ByteTokenizer, make_tiny_train_model, train_config
 
 V = TINY_VOCAB
 LAYERS = [1, 2]
-
-
-class ByteTokenizer:
-    """A token per UTF-8 byte, no chat template (as in test_train_data.py)."""
-
-    chat_template = None
-    pad_token_id = 0
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [2 + b % (V - 2) for b in text.encode()]}
 
 
 class NoSampling(ByteTokenizer):
