@@ -253,6 +253,36 @@ def check_fits_target(label: str, cfg, tcfg) -> None:
         raise HeadMismatchError(f"{label} was trained for a '{cfg.model_type}' target, this one is '{tcfg.model_type}'")
 
 
+def check_tensor_shapes(where: str, found: dict, expected: dict, name=None, why: str = "", limit: int = 4) -> None:
+    """One-line :class:`HeadMismatchError` for the first kind of difference between two
+    ``{name: shape}`` maps: tensors missing, unexpected, or of another shape. ``where`` starts the
+    message (it names the head), ``name`` turns our tensor name into the one shown (the file's),
+    ``why`` is added to the missing/unexpected messages (e.g. what config.json says), and at most
+    ``limit`` tensors are named."""
+    name = name or (lambda k: k)
+    note = f"; {why}" if why else ""
+    missing = [k for k in expected if k not in found][:limit]
+    if missing:
+        raise HeadMismatchError(f"{where}: tensor {', '.join(repr(name(k)) for k in missing)} missing (expected shape "
+                                f"{', '.join(str(list(expected[k])) for k in missing)}{note})")
+    extra = [k for k in found if k not in expected][:limit]
+    if extra:
+        raise HeadMismatchError(f"{where}: unexpected tensor {', '.join(f'{name(k)!r} {list(found[k])}' for k in extra)}"
+                                + (f" ({why})" if why else ""))
+    for k, shape in expected.items():
+        if tuple(found[k]) != tuple(shape):
+            raise HeadMismatchError(f"{where}: tensor {name(k)!r} has shape {list(found[k])}, expected {list(shape)}")
+
+
+def read_checked_state(label: str, folder: Path, cfg, model) -> dict[str, torch.Tensor]:
+    """The tensors of ``folder/model.safetensors`` after checking that the head (``cfg``, named
+    ``label``) fits the target ``model`` and that the file is readable."""
+    check_fits_target(label, cfg, model.config.get_text_config(decoder=True))
+    weights = Path(folder) / "model.safetensors"
+    check_safetensors(weights, HeadError)
+    return load_file(str(weights))
+
+
 def load_head(folder: str | Path, model) -> DraftHead:
     """Load a head checkpoint onto ``model``.
 
@@ -268,10 +298,7 @@ def load_head(folder: str | Path, model) -> DraftHead:
     folder = Path(folder)
     cfg = read_head_config(folder)
     tcfg = model.config.get_text_config(decoder=True)
-    check_fits_target(f"head {folder}", cfg, tcfg)
-    weights = folder / "model.safetensors"
-    check_safetensors(weights, HeadError)
-    state = load_file(str(weights))
+    state = read_checked_state(f"head {folder}", folder, cfg, model)
     if cfg.type == "eagle3":
         from .formats import eagle3_for_target
 

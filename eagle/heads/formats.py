@@ -53,7 +53,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..io import check_safetensors, replace_dir
-from .eagle import DraftHead, HeadConfig, HeadError, HeadMismatchError, read_head_config
+from .eagle import DraftHead, HeadConfig, HeadError, HeadMismatchError, check_tensor_shapes, read_head_config
 from .eagle3 import Eagle3Head, default_feature_layers
 
 __all__ = ["Layout", "LayerSpec", "LAYOUTS", "EXPORT_FORMATS", "LLAMA_LAYER_TARGETS", "detect_layout",
@@ -430,18 +430,7 @@ def _shape(t) -> str:
 def _fits(folder, found: dict[str, tuple], expected: dict[str, tuple], name: Callable[[str], str], what: str) -> None:
     """One-line HeadMismatchError for the first kind of difference between two {name: shape} maps
     (``name`` turns our name into the one shown: the file's)."""
-    missing = [k for k in expected if k not in found]
-    if missing:
-        raise HeadMismatchError(f"head {folder} {what}: tensor {', '.join(repr(name(k)) for k in missing[:4])} "
-                                f"missing (expected shape {', '.join(_shape(expected[k]) for k in missing[:4])})")
-    extra = [k for k in found if k not in expected]
-    if extra:
-        raise HeadMismatchError(f"head {folder} {what}: unexpected tensor "
-                                f"{', '.join(f'{name(k)!r} {_shape(found[k])}' for k in extra[:4])}")
-    for k, shape in expected.items():
-        if tuple(found[k]) != tuple(shape):
-            raise HeadMismatchError(f"head {folder} {what}: tensor {name(k)!r} has shape {_shape(found[k])}, "
-                                    f"expected {_shape(shape)}")
+    check_tensor_shapes(f"head {folder} {what}", found, expected, name)
 
 
 @dataclass

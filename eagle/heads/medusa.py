@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape
 from ..io import check_safetensors, replace_dir
 from ..tree import Tree
-from .eagle import HeadError, HeadMismatchError, check_fits_target, read_config_json
+from .eagle import HeadError, check_tensor_shapes, read_checked_state, read_config_json
 
 if TYPE_CHECKING:  # eagle.target imports transformers: not needed to read or check a checkpoint
     from ..target import Target
@@ -231,27 +231,12 @@ def load_medusa(folder: str | Path, model) -> MedusaHeads:
     or whose tensors do not match their config (the message names the tensor)."""
     folder = Path(folder)
     cfg = read_medusa_config(folder)
-    tcfg = model.config.get_text_config(decoder=True)
-    check_fits_target(f"Medusa head {folder}", cfg, tcfg)
-    weights = folder / "model.safetensors"
-    check_safetensors(weights, HeadError)
-    state = load_file(str(weights))
+    state = read_checked_state(f"Medusa head {folder}", folder, cfg, model)
     dv = torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None
     heads = MedusaHeads(cfg.hidden_size, cfg.num_heads, cfg.vocab_size, dv, cfg.lm_head)
     expected = {k: tuple(v.shape) for k, v in heads.state_dict().items() if k != "draft_vocab"}
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise HeadMismatchError(f"Medusa head {folder}: tensor {missing[0]!r} missing (expected shape "
-                                f"{list(expected[missing[0]])}; config.json says {cfg.num_heads} heads, lm_head "
-                                f"'{cfg.lm_head}')")
-    extra = [k for k in state if k not in expected]
-    if extra:
-        raise HeadMismatchError(f"Medusa head {folder}: unexpected tensor {extra[0]!r} {list(state[extra[0]].shape)} "
-                                f"(config.json says {cfg.num_heads} heads, lm_head '{cfg.lm_head}')")
-    for k, shape in expected.items():
-        if tuple(state[k].shape) != shape:
-            raise HeadMismatchError(f"Medusa head {folder}: tensor {k!r} has shape {list(state[k].shape)}, "
-                                    f"expected {list(shape)}")
+    check_tensor_shapes(f"Medusa head {folder}", {k: tuple(v.shape) for k, v in state.items()}, expected,
+                        why=f"config.json says {cfg.num_heads} heads, lm_head '{cfg.lm_head}'", limit=1)
     heads.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     heads.config = cfg
     return heads.to(model.get_output_embeddings().weight.device).eval()
