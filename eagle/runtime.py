@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS"]
+__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS", "native_bf16"]
 
 CACHES = ("static", "dynamic")
 DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
@@ -56,3 +56,19 @@ class RuntimeConfig:
             if b >= n:
                 return b
         return n
+
+
+def native_bf16(device="cpu", cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether bfloat16 products run natively on ``device``: CUDA, or a CPU whose flags include
+    AVX512-BF16 or AMX-BF16 (measured on such an AMD EPYC: bf16 layer products 1.6-1.9x faster than
+    float32 for 1-96 rows; on an Intel Xeon without them, 2-3x slower)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return True
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -152,3 +152,29 @@ def test_a_foreign_manifest_is_refused(tmp_path):
     (tmp_path / "manifest.json").write_text('{"shards": []}')
     with pytest.raises(TokenStoreError, match="not a token store manifest"):
         load_token_manifest(tmp_path)
+
+
+def test_sampling_precision_is_recorded_per_shard(tmp_path, model):
+    """gen_dtype bfloat16: the data stage samples with a bf16 copy (the model is untouched), the
+    features are stored as usual, and each new shard in the store records how it was sampled."""
+    prompts = _prompts(tmp_path)
+    make_data(_cfg(tmp_path, "bf16", prompts, n=6, gen_dtype="bfloat16"), model, ByteTokenizer())
+    assert model.get_output_embeddings().weight.dtype == torch.float32
+    store = load_token_manifest(tmp_path / "tokens")
+    assert [(s["gen_dtype"], s["gen_batch_size"]) for s in store["shards"]] == [("bfloat16", 4)] * 2
+    data = ShardDataset(tmp_path / "bf16", load_layers=True)
+    assert len(data) == 6 and all(s.hidden.dtype == torch.float16 and s.layers is not None for s in data)
+
+
+def test_gen_dtype_choices(tmp_path, model, monkeypatch):
+    from eagle.config import ConfigError
+    from eagle.train import trainer
+
+    with pytest.raises(ConfigError, match=r"gen_dtype must be one of '', 'auto', 'float32', 'bfloat16', 'float16', got 'bf16'"):
+        _cfg(tmp_path, "x", _prompts(tmp_path), gen_dtype="bf16")
+    assert trainer.sampling_model(model, "") is model and trainer.sampling_model(model, "float32") is model
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
+    assert trainer.sampling_model(model, "auto") is model
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    low = trainer.sampling_model(model, "auto")
+    assert low is not model and low.get_output_embeddings().weight.dtype == torch.bfloat16

@@ -71,9 +71,10 @@ def load_token_manifest(folder: str | Path) -> dict:
 
 
 def write_token_shard(folder: str | Path, manifest: dict, name: str, tensors: dict[str, torch.Tensor],
-                      settings: dict, prompts: list[str]) -> dict:
+                      settings: dict, prompts: list[str], made: dict | None = None) -> dict:
     """Add one shard's tokens (``input_ids``, ``offsets``, ``prompt_lens``) under ``name`` and rewrite
-    the manifest atomically; ``prompts``: the whole prompt list (its answered prefix is hashed)."""
+    the manifest atomically; ``prompts``: the whole prompt list (its answered prefix is hashed);
+    ``made``: how the shard was sampled beyond the settings (precision, batch size), recorded with it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     t = {"input_ids": tensors["input_ids"].to(torch.int32).contiguous(),
@@ -83,7 +84,7 @@ def write_token_shard(folder: str | Path, manifest: dict, name: str, tensors: di
     (folder / (name + ".tmp")).replace(folder / name)
     seqs, toks = len(t["prompt_lens"]), int(t["offsets"][-1])
     done = manifest["prompts_done"] + seqs  # one sequence per prompt
-    manifest["shards"].append({"file": name, "sequences": seqs, "tokens": toks})
+    manifest["shards"].append({"file": name, "sequences": seqs, "tokens": toks, **(made or {})})
     manifest.update(format=TOKENS_FORMAT, settings=settings, prompts_done=done, tokens=manifest["tokens"] + toks,
                     prompts_sha256=prompts_hash(prompts[:done]))
     write_json(manifest, folder / "manifest.json", indent=1)
@@ -138,9 +139,11 @@ def _check_store(tokens_dir: Path, store: dict, settings: dict, prompts: list[st
                               "list: use another tokens_dir or the same prompts in the same order")
 
 
-def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list[str], settings: dict) -> dict:
+def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list[str], settings: dict,
+                  made: dict | None = None) -> dict:
     """Copy the tokens of the shards of ``data_dir`` that ``tokens_dir`` lacks (after checking that
-    the shards both hold are the same data); returns the token manifest."""
+    the shards both hold are the same data); returns the token manifest. ``made``: recorded with
+    each copied shard (how it was sampled), when known."""
     data_dir, tokens_dir = Path(data_dir), Path(tokens_dir)
     m, store = load_manifest(data_dir), load_token_manifest(tokens_dir)
     _check_store(tokens_dir, store, settings, prompts)
@@ -154,7 +157,7 @@ def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list[st
                                   f"{b['tokens']} tokens): they hold different data; use a fresh data_dir")
     for s in m["shards"][len(store["shards"]):]:
         t = read_tensors(data_dir / s["file"], ("input_ids", "offsets", "prompt_lens"))
-        store = write_token_shard(tokens_dir, store, s["file"], t, settings, prompts)
+        store = write_token_shard(tokens_dir, store, s["file"], t, settings, prompts, made)
     return store
 
 
