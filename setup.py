@@ -6,7 +6,7 @@ setup(
     description="Lossless speculative decoding with EAGLE-style tree drafting",
     python_requires=">=3.10",
     packages=find_packages(include=["eagle", "eagle.*", "kernels", "kernels.*"]),
-    package_data={"eagle": ["data/*"]},
+    package_data={"eagle": ["data/*"], "kernels": ["*.cpp"]},  # the CPU kernel is compiled on first use
     install_requires=[
         # torch itself is installed by `make setup` from the local CPU wheel (torch==2.13.0);
         # a bare range here never pulls a newer (CUDA) build when 2.13.0 is present.

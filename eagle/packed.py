@@ -1,4 +1,5 @@
-"""MKL packed GEMM for the target's float32 linear layers on the CPU, on a twin of the model.
+"""Faster float32 GEMMs for the target's linear layers on the CPU, on a twin of the model: MKL's
+packed GEMM, or the small-row AVX-512 kernel of ``kernels/cpu_gemm.py``, per row count, by measurement.
 
 Why: MKL's ordinary float32 GEMM runs a step of 4-32 rows (a tree) 2-3x slower than one row
 against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 row 35 ms, 8 rows
@@ -17,6 +18,10 @@ Whether packing pays depends on the machine: on an Intel Xeon (2 threads) it mad
 of 4-64 rows 1.2-3.1x faster, on an AMD EPYC (Zen 4, 2 threads) 6-22% slower
 (``python experiments/packed_gemm.py``). So :func:`packing_pays` measures it, once per process and
 row count, on the model's own weights, and callers pack only the row counts that won.
+The small-row kernel (``kernels/cpu_gemm.py``: each weight streamed once at the memory's speed, the
+few x rows kept in L1) is the third way: on the AMD EPYC it ran all 211 products 2.3x faster than
+``F.linear`` for one row and 1.7-1.9x for 8-16 rows. :func:`linear_ways` times the ways available
+for each row count and keeps the fastest; a twin's layer runs each row count its own way.
 This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
 The first version intercepted every torch call of the forward (~2,300 per step) with a
 ``TorchFunctionMode`` instead, whose Python cost per call made a 4-16-node step 10-13% slower
@@ -33,8 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "packing_pays",
-           "packing_measurements", "MIN_ROWS"]
+from kernels import cpu_gemm
+
+__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "stream_row_counts",
+           "twin_row_counts", "packing_pays", "linear_ways", "packing_measurements", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
 _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
@@ -42,9 +49,10 @@ _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> it
 # caches, as in a real step), and packing must win by this fraction to be chosen
 MEASURE_MB = 64
 MARGIN = 0.03
-_MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes) -> {"plain_ms", "packed_ms", "packed"}
-# "measure" (default) | "always" | "never": what packing_pays decides; the test suite sets "always"
-# so that which GEMM runs does not depend on timings
+_MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes) -> {"plain_ms", "packed_ms", "stream_ms", "way"}
+# what linear_ways decides: "measure" (default) | "always" (MKL packed for every row count >= MIN_ROWS)
+# | "stream" (the small-row kernel for every row count, where it is available) | "never" (plain);
+# the test suite sets "always" so that which GEMM runs does not depend on timings
 DECIDE = "measure"
 
 
@@ -55,24 +63,29 @@ def packed_gemm_available() -> bool:
 
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` that shares the weight and bias of ``linear`` and sends products of
-    ``row_counts`` rows (float32, CPU, weight not trained) to MKL's packed GEMM.
+    ``row_counts`` rows (float32, CPU, weight not trained) to MKL's packed GEMM, and products of
+    ``stream_rows`` rows to the small-row kernel (``kernels/cpu_gemm.py``).
 
     Args:
         linear: the layer it stands for (its parameters are shared, not copied).
         row_counts: the row counts (tokens per forward) to pack for, e.g. the tree buckets >= 4.
+        stream_rows: the row counts to run through the small-row kernel (takes precedence).
     """
 
-    def __init__(self, linear: nn.Linear, row_counts):
+    def __init__(self, linear: nn.Linear, row_counts, stream_rows=()):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self.row_counts = frozenset(row_counts)
+        self.stream_rows = frozenset(stream_rows)
         self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
         self._version = linear.weight._version  # an in-place update of the weight drops the copies
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows in self.stream_rows:
+            return cpu_gemm.small_linear(x, w, self.bias)  # F.linear where the kernel does not apply
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
             return F.linear(x, w, self.bias)
@@ -86,15 +99,20 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], w.shape[0])
 
 
-def packed_twin(model: nn.Module, row_counts) -> nn.Module | None:
+def packed_twin(model: nn.Module, row_counts, stream_rows=()) -> nn.Module | None:
     """The model's one packed twin (see the module docstring), its packed row counts extended to
-    ``row_counts`` (those >= ``MIN_ROWS``); shared by every caller on that model, so each weight
-    is packed once per row count. ``None`` when packing does not apply (weights not float32 on the
-    CPU, no MKL, no row count >= MIN_ROWS). The LM head stays a plain layer: ``eagle.lmhead.project``
-    multiplies by its weight (and packs it where that measures faster)."""
+    ``row_counts`` (those >= ``MIN_ROWS``) and its small-row-kernel row counts to ``stream_rows``;
+    shared by every caller on that model, so each weight is packed once per row count. ``None``
+    when neither applies (weights not float32 on the CPU; no MKL or no row count >= MIN_ROWS to
+    pack, and no kernel or no stream row count). The LM head stays a plain layer:
+    ``eagle.lmhead.project`` multiplies by its weight (the fastest way measured)."""
     w = model.get_output_embeddings().weight
-    rows = frozenset(r for r in row_counts if r >= MIN_ROWS)
-    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available():
+    if w.dtype != torch.float32 or w.device.type != "cpu":
+        return None
+    rows = frozenset(r for r in row_counts if r >= MIN_ROWS) if packed_gemm_available() else frozenset()
+    stream = frozenset(r for r in stream_rows if r >= 1) if cpu_gemm.available() else frozenset()
+    rows = rows - stream
+    if not rows and not stream:
         return None
     twin = _TWINS.get(model)
     if twin is None:
@@ -104,12 +122,13 @@ def packed_twin(model: nn.Module, row_counts) -> nn.Module | None:
         for name, mod in list(twin.named_modules()):
             if type(mod) is nn.Linear and mod is not lm_head:
                 parent, _, attr = name.rpartition(".")
-                setattr(twin.get_submodule(parent), attr, PackedLinear(mod, rows))
+                setattr(twin.get_submodule(parent), attr, PackedLinear(mod, rows, stream))
         _TWINS[model] = twin
     else:
         for mod in twin.modules():
             if isinstance(mod, PackedLinear):
-                mod.row_counts = mod.row_counts | rows
+                mod.stream_rows = mod.stream_rows | stream
+                mod.row_counts = (mod.row_counts | rows) - mod.stream_rows
         impl = model.config._attn_implementation  # a Target may have switched the model's since
         if twin.config._attn_implementation != impl:
             twin.set_attn_implementation(impl)
@@ -117,10 +136,22 @@ def packed_twin(model: nn.Module, row_counts) -> nn.Module | None:
 
 
 def packed_row_counts(twin: nn.Module | None) -> frozenset:
-    """The row counts a twin packs for (empty for ``None``)."""
+    """The row counts a twin packs for with MKL (empty for ``None``)."""
     if twin is None:
         return frozenset()
     return next((m.row_counts for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
+
+
+def stream_row_counts(twin: nn.Module | None) -> frozenset:
+    """The row counts a twin runs through the small-row kernel (empty for ``None``)."""
+    if twin is None:
+        return frozenset()
+    return next((m.stream_rows for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
+
+
+def twin_row_counts(twin: nn.Module | None) -> frozenset:
+    """Every row count for which the twin differs from the model (packed or streamed)."""
+    return packed_row_counts(twin) | stream_row_counts(twin)
 
 
 def _decoder_linears(model: nn.Module) -> list[nn.Linear]:
@@ -141,20 +172,25 @@ def _timed_pass(fns, repeats: int) -> list[float]:
     return best
 
 
-def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
-    """The row counts (of ``row_counts``, >= ``MIN_ROWS``) for which MKL's packed GEMM beats the plain
-    GEMM on this machine by at least ``MARGIN``: for each, the products of the first ``MEASURE_MB``
-    of the model's decoder weights are timed both ways (interleaved, best of ``repeats``; packed
-    copies made for the measurement are freed). Measured once per process per row count and
-    weight shapes (``packing_measurements()`` has the figures); empty without measuring when
-    packing cannot apply (weights not float32 on the CPU, no MKL)."""
+def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str]:
+    """For each of ``row_counts``, the fastest way on this machine to multiply that many rows by the
+    model's float32 decoder weights: ``"plain"`` (``F.linear``), ``"packed"`` (MKL's packed GEMM,
+    from ``MIN_ROWS`` rows) or ``"stream"`` (the small-row kernel). The products of the first
+    ``MEASURE_MB`` of the weights are timed every available way (interleaved, best of ``repeats``);
+    a way other than plain must win by ``MARGIN``. Measured once per process per row count and
+    weight shapes (``packing_measurements()`` has the figures); all plain, without measuring,
+    where neither applies (weights not float32 on the CPU, no MKL and no kernel). ``DECIDE``
+    overrides the measurement (tests)."""
     w = model.get_output_embeddings().weight
-    rows = sorted(r for r in set(row_counts) if r >= MIN_ROWS)
-    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not packed_gemm_available() \
-            or DECIDE == "never":
-        return frozenset()
+    rows = sorted(set(int(r) for r in row_counts if r >= 1))
+    plain = {r: "plain" for r in rows}
+    mkl, stream = packed_gemm_available(), cpu_gemm.available()
+    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not (mkl or stream) or DECIDE == "never":
+        return plain
     if DECIDE == "always":
-        return frozenset(rows)
+        return {r: "packed" if mkl and r >= MIN_ROWS else "plain" for r in rows}
+    if DECIDE == "stream":
+        return {r: "stream" if stream else "plain" for r in rows}
     linears = [m for m in _decoder_linears(model) if not m.weight.requires_grad]
     sample, total = [], 0
     for m in linears:  # the first MEASURE_MB of weights (at least one)
@@ -163,31 +199,54 @@ def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
         sample.append(m)
         total += m.weight.numel() * 4
     shapes = tuple(tuple(m.weight.shape) for m in sample)
-    won = set()
+    ways = {}
     for r in rows:
+        if not stream and r < MIN_ROWS:  # plain is the only way: nothing to measure
+            ways[r] = "plain"
+            continue
         key = (r, shapes)
         if key not in _MEASURED:
             xs = {m.in_features: torch.randn(r, m.in_features) for m in sample}
-            packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, r) for m in sample]
+            fns = {}
 
-            def plain():
+            def plain_fn():
                 for m in sample:
                     F.linear(xs[m.in_features], m.weight, m.bias)
 
-            def mkl():
-                for m, p in zip(sample, packed):
-                    torch.ops.mkl._mkl_linear(xs[m.in_features], p, m.weight, m.bias, r)
+            fns["plain"] = plain_fn
+            packed = None
+            if mkl and r >= MIN_ROWS:
+                packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, r) for m in sample]
 
-            t_plain, t_packed = _timed_pass([plain, mkl], repeats)
+                def mkl_fn():
+                    for m, p in zip(sample, packed):
+                        torch.ops.mkl._mkl_linear(xs[m.in_features], p, m.weight, m.bias, r)
+
+                fns["packed"] = mkl_fn
+            if stream:
+                def stream_fn():
+                    for m in sample:
+                        cpu_gemm.small_linear(xs[m.in_features], m.weight, m.bias)
+
+                fns["stream"] = stream_fn
+            secs = dict(zip(fns, _timed_pass(list(fns.values()), repeats)))
             del packed
-            _MEASURED[key] = {"rows": r, "mb": round(total / 1e6, 1), "plain_ms": round(t_plain * 1e3, 2),
-                              "packed_ms": round(t_packed * 1e3, 2), "packed": t_packed < (1 - MARGIN) * t_plain}
-        if _MEASURED[key]["packed"]:
-            won.add(r)
-    return frozenset(won)
+            best = min(secs, key=secs.get)
+            if best != "plain" and secs[best] >= (1 - MARGIN) * secs["plain"]:
+                best = "plain"
+            rec = {"rows": r, "mb": round(total / 1e6, 1), "way": best, "packed": best == "packed"}
+            rec.update({f"{k}_ms": round(v * 1e3, 2) for k, v in secs.items()})
+            _MEASURED[key] = rec
+        ways[r] = _MEASURED[key]["way"]
+    return ways
+
+
+def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
+    """The row counts (of ``row_counts``) for which :func:`linear_ways` chose MKL's packed GEMM."""
+    return frozenset(r for r, way in linear_ways(model, row_counts, repeats).items() if way == "packed")
 
 
 def packing_measurements() -> list[dict]:
-    """What :func:`packing_pays` measured in this process: per row count, the ms of both ways over
-    the sampled weights and whether packing was chosen."""
+    """What :func:`linear_ways` measured in this process: per row count, the ms of each way tried
+    over the sampled weights (``plain_ms``, ``packed_ms``, ``stream_ms``) and the ``way`` chosen."""
     return [dict(v) for v in _MEASURED.values()]

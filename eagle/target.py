@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from .kv import SlotCache
 from .lmhead import project
-from .packed import packed_row_counts, packed_twin, packing_pays
+from .packed import linear_ways, packed_row_counts, packed_twin, twin_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -153,12 +153,15 @@ class Target:
         # tree kernel as the op torch.ops.eagle.tree_attention, given the prefix length as a tensor
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
-        # float32 CPU, eager static steps: MKL's packed GEMM for buckets of >= 4 rows
-        use_packed = self.static and self.runtime.packed_linear and not self.compiled
-        # the buckets whose products MKL's packed GEMM runs faster on this machine (measured once)
-        rows = packing_pays(model, self.runtime.buckets) if use_packed else frozenset()
-        self.packed = packed_twin(model, rows) if rows else None  # the model's packed twin
-        self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps run on the twin
+        # float32 CPU, eager static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and
+        # the small-row kernel (kernels/cpu_gemm.py), measured once per process (eagle/packed.py)
+        use_twin = self.static and self.runtime.packed_linear and not self.compiled
+        ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
+        packed = {r for r, w in ways.items() if w == "packed"}
+        stream = {r for r, w in ways.items() if w == "stream"}
+        self.packed = packed_twin(model, packed, stream) if packed or stream else None  # the model's twin
+        self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps take MKL's packed GEMM
+        self.twin_rows = twin_row_counts(self.packed)  # buckets whose steps run on the twin
         self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
@@ -308,7 +311,7 @@ class Target:
                                                               slots, cache, **extra)
         else:
             extra = {"tree_mask": pack_bits(anc)} if self.use_kernel else {}
-            base = self._packed_base if size in self.packed_rows else None  # same results, MKL's packed GEMM
+            base = self._packed_base if size in self.twin_rows else None  # same results, a faster GEMM
             hidden, fused = self._run(tokens, positions, cache, self._tree_masks(anc, P, positions), layers,
                                       base=base, cache_slots=slots, cache_kv_len=P + size, **extra)
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop

@@ -9,17 +9,26 @@ import torch
 
 import eagle.lmhead as lmhead
 from eagle.packed import packed_gemm_available
+from kernels import cpu_gemm
 
-WAYS = ["plain", "transposed"] + (["packed"] if packed_gemm_available() else [])
+STREAM = ["stream"] if cpu_gemm.available() else []
+WAYS = ["plain", "transposed"] + (["packed"] if packed_gemm_available() else []) + STREAM
 
 
-@pytest.mark.parametrize("rows", [2, 5, 16])
+def _expected_ways(rows: int) -> set:
+    if rows == 1:
+        return {"plain", *STREAM}
+    return set(WAYS if rows >= 4 else ["plain", "transposed", *STREAM])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
 def test_every_way_equals_linear(rows):
     torch.manual_seed(rows)
     w, x = torch.randn(300, 24), torch.randn(rows, 24)  # (V, H), (T, H)
     ref = torch.nn.functional.linear(x, w)  # (T, V)
-    ways, packed = lmhead._candidates(rows, w)
-    assert set(ways) == set(WAYS if rows >= 4 else ["plain", "transposed"])
+    with torch.no_grad():
+        ways, packed = lmhead._candidates(rows, x, w)
+    assert set(ways) == _expected_ways(rows)
     assert (packed is not None) == ("packed" in ways)
     for fn in ways.values():
         out = fn(x, w)
@@ -30,7 +39,8 @@ def test_every_way_equals_linear(rows):
 @pytest.mark.parametrize("rows", [1, 2, 6])
 @pytest.mark.parametrize("winner", WAYS)
 def test_the_choice_is_measured_once_and_kept(rows, winner, monkeypatch):
-    """The timer is replaced so the winner is known; one row is never measured (F.linear)."""
+    """The timer is replaced so the winner is known; a product with one candidate way (one row,
+    without the small-row kernel) is not measured (F.linear)."""
     torch.manual_seed(0)
     w, x = torch.randn(300, 24), torch.randn(rows, 24)
     ref = torch.nn.functional.linear(x, w)
@@ -39,12 +49,14 @@ def test_the_choice_is_measured_once_and_kept(rows, winner, monkeypatch):
     monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: measured.append(tuple(h.shape)) or
                         (winner if winner in ways else "plain"))
     for _ in range(3):
-        out = lmhead.project(x, w)
+        with torch.no_grad():
+            out = lmhead.project(x, w)
         assert out.is_contiguous() and torch.allclose(out, ref, atol=1e-5)
-    assert measured == ([] if rows == 1 else [(rows, 24)])
-    if rows > 1:
+    candidates = _expected_ways(rows)
+    assert measured == ([] if len(candidates) == 1 else [(rows, 24)])
+    if len(candidates) > 1:
         (choice,) = lmhead._CHOICE.values()
-        assert choice.way == (winner if winner != "packed" or rows >= 4 else "plain")
+        assert choice.way == (winner if winner in candidates else "plain")
         assert (choice.packed is not None) == (choice.way == "packed")  # a packed copy only when it won
 
 
@@ -70,5 +82,6 @@ def test_other_dtypes_and_trained_weights():
     w, x = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
     assert torch.equal(lmhead.project(x, w), torch.nn.functional.linear(x, w))
     assert (4, 64, 16, w.data_ptr()) not in lmhead._CHOICE
-    ways, packed = lmhead._candidates(8, torch.randn(64, 16, requires_grad=True))
-    assert "packed" not in ways and packed is None  # a weight being trained is never packed
+    ways, packed = lmhead._candidates(8, torch.randn(8, 16), torch.randn(64, 16, requires_grad=True))
+    assert "packed" not in ways and "stream" not in ways and packed is None  # a weight being trained: autograd's way
+

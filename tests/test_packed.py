@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from eagle import Target
-from eagle.packed import (MIN_ROWS, PackedLinear, packed_gemm_available, packed_row_counts, packed_twin,
-                          packing_measurements, packing_pays)
+from eagle.packed import (MIN_ROWS, PackedLinear, linear_ways, packed_gemm_available, packed_row_counts, packed_twin,
+                          packing_measurements, packing_pays, stream_row_counts, twin_row_counts)
+from kernels import cpu_gemm
 from eagle.runtime import RuntimeConfig
 
 from conftest import TINY_VOCAB, make_random_tree
@@ -67,7 +68,7 @@ def test_packed_target_equals_plain_target(tiny_model, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (17,), generator=gen)
     # packing chosen for every bucket (on a tiny model the measurement would decide by noise)
-    monkeypatch.setattr("eagle.target.packing_pays", lambda m, rows: frozenset(r for r in rows if r >= MIN_ROWS))
+    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: {r: "packed" if r >= MIN_ROWS else "plain" for r in rows})
     on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p)) for p in (True, False))
     assert on.packed is not None and off.packed is None and off.packed_rows == frozenset()
     for t in (on, off):
@@ -98,6 +99,7 @@ def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monk
     model = copy.deepcopy(tiny_model("llama"))
     monkeypatch.setattr(pk, "_MEASURED", {})
     monkeypatch.setattr(pk, "DECIDE", "measure")  # tests/conftest.py sets "always"
+    monkeypatch.setattr(pk.cpu_gemm, "available", lambda: False)  # two ways here; three below
     calls = []
     verdict = {4: (1.0, 0.5), 8: (1.0, 0.99), 16: (1.0, 1.5)}  # rows -> (plain s, packed s)
 
@@ -115,7 +117,7 @@ def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monk
     got = {m["rows"]: m for m in packing_measurements()}
     assert got[4]["packed"] and not got[8]["packed"] and got[16]["packed_ms"] == 1500.0
     assert packing_pays(copy.deepcopy(model).to(torch.bfloat16), [8]) == frozenset() and len(calls) == 3
-    monkeypatch.setattr("eagle.target.packing_pays", lambda m, rows: frozenset())
+    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "plain"))
     assert Target(model, "reference", RuntimeConfig()).packed is None
 
 
@@ -129,5 +131,72 @@ def test_packing_pays_measures_real_products(tiny_model, monkeypatch):
     monkeypatch.setattr(pk, "DECIDE", "measure")
     won = packing_pays(tiny_model("llama"), [1, 4, 8])
     assert won <= {4, 8}
-    assert sorted(m["rows"] for m in packing_measurements()) == [4, 8]
-    assert all(m["plain_ms"] > 0 and m["packed_ms"] > 0 for m in packing_measurements())
+    got = {m["rows"]: m for m in packing_measurements()}
+    assert sorted(got) == ([1, 4, 8] if cpu_gemm.available() else [4, 8])  # one row: only with the kernel
+    assert all(got[r]["plain_ms"] > 0 and got[r]["packed_ms"] > 0 for r in (4, 8))
+    assert all(m["stream_ms"] > 0 for m in got.values()) if cpu_gemm.available() else True
+    assert all(m["way"] in ("plain", "packed", "stream") for m in got.values())
+
+
+needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+
+
+@needs_kernel
+def test_linear_ways_picks_the_fastest_of_three(tiny_model, monkeypatch):
+    """Each row count gets the fastest way (a non-plain way must win by MARGIN); one to three rows
+    are never packed; DECIDE="stream" sends every row count to the kernel."""
+    import eagle.packed as pk
+
+    model = copy.deepcopy(tiny_model("llama"))
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    monkeypatch.setattr(pk, "DECIDE", "measure")
+    # rows -> seconds of (plain, packed, stream), or (plain, stream) below MIN_ROWS
+    verdict = {1: (1.0, 0.5), 2: (1.0, 0.99), 4: (1.0, 0.6, 0.8), 8: (1.0, 0.9, 0.5), 16: (1.0, 2.0, 3.0)}
+    order = iter([1, 2, 4, 8, 16])
+
+    def fake(fns, repeats):
+        r = next(order)
+        assert len(fns) == len(verdict[r])
+        for fn in fns:  # every way really runs on the model's weights
+            fn()
+        return list(verdict[r])
+
+    monkeypatch.setattr(pk, "_timed_pass", fake)
+    assert linear_ways(model, [1, 2, 4, 8, 16]) == {1: "stream", 2: "plain", 4: "packed", 8: "stream", 16: "plain"}
+    assert packing_pays(model, [4, 8]) == frozenset({4})  # memo: nothing measured again
+    monkeypatch.setattr(pk, "DECIDE", "stream")
+    assert linear_ways(model, [1, 8]) == {1: "stream", 8: "stream"}
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_streamed_target_equals_plain_target(arch, tiny_model, monkeypatch):
+    """A twin whose buckets run the small-row kernel (one-token steps included) gives the plain
+    target's logits on random trees; the caller's model is untouched."""
+    model = copy.deepcopy(tiny_model(arch))  # its own twin
+    gen = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, V, (19,), generator=gen)
+    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
+    on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p)) for p in (True, False))
+    assert stream_row_counts(on.packed) >= {1, 4, 8, 16} and on.twin_rows >= {1, 4, 8, 16} and off.packed is None
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
+    for t in (on, off):
+        t.cache = t.new_cache(64)
+        t.prefill(prefix, t.cache)
+    for n in (1, 3, 9):
+        tree = make_random_tree(n, V, gen)
+        a, b = on.tree_forward(tree, on.cache), off.tree_forward(tree, off.cache)
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(a.hidden, b.hidden, atol=1e-4, rtol=0)
+        for t in (on, off):
+            t.crop(t.cache, len(prefix))
+
+
+@needs_kernel
+def test_twin_stream_and_packed_rows_do_not_overlap(tiny_model):
+    model = copy.deepcopy(tiny_model("llama"))
+    twin = packed_twin(model, [4, 8], stream_rows=[1, 8])
+    assert stream_row_counts(twin) == {1, 8} and packed_row_counts(twin) == {4}  # the kernel takes precedence
+    assert packed_twin(model, [16], stream_rows=[4]) is twin
+    assert stream_row_counts(twin) == {1, 4, 8} and packed_row_counts(twin) == {16}
+    assert twin_row_counts(twin) == {1, 4, 8, 16}

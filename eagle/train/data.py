@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..packed import packed_twin, packing_pays
+from ..packed import linear_ways, packed_twin
 from ..prompts import PromptFileError, encode_chat
 
 __all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
@@ -116,12 +116,14 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
 
 def _packed_model(model, batches: list[int]):
     """Every decoding step of a batch of B sequences multiplies B rows by each weight: on a float32
-    CPU model run those products through MKL's packed GEMM where it measures faster on this machine
-    (eagle/packed.py; same results; on an Intel Xeon all layer products 2.1-3.1x faster for 4-32
-    rows and the whole data stage 1.12-1.19x; on an AMD EPYC slower, so not used there): the
-    model's packed twin, which keeps the packed copies for later batches of the same size; the
-    model itself where packing does not apply or pay."""
-    return packed_twin(model, packing_pays(model, batches)) or model
+    CPU model run those products the fastest way measured on this machine (eagle/packed.py: MKL's
+    packed GEMM, on an Intel Xeon 2.1-3.1x faster for 4-32 rows and the whole data stage
+    1.12-1.19x; or the small-row kernel; same results up to rounding): the model's twin, which
+    keeps the packed copies for later batches of the same size; the model itself where neither
+    applies or pays."""
+    ways = linear_ways(model, batches)
+    return packed_twin(model, [r for r, w in ways.items() if w == "packed"],
+                       [r for r, w in ways.items() if w == "stream"]) or model
 
 
 # Sampling looks at the SAMPLE_TOP_K most likely tokens only: sorting the whole vocabulary for

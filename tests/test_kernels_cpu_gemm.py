@@ -1,0 +1,78 @@
+"""The small-row CPU GEMM (kernels/cpu_gemm.py) against its reference, F.linear, in float64: random
+shapes with K and N tails, bias or not, 1-40 rows; a row's result does not depend on the other rows
+of the call; anything the kernel does not take goes to the reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_gemm
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+
+
+def _ref(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_shapes_equal_the_reference(seed):
+    gen = torch.Generator().manual_seed(seed)
+    M = int(torch.randint(1, 41, (1,), generator=gen))
+    K = int(torch.randint(1, 700, (1,), generator=gen))  # tails of K % 16
+    N = int(torch.randint(1, 300, (1,), generator=gen))  # tails of N % 4
+    x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen) / K ** 0.5
+    b = torch.randn(N, generator=gen) if seed % 2 else None
+    y = cpu_gemm.small_linear(x, w, b)
+    assert y.shape == (M, N) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), _ref(x, w, b), atol=2e-5, rtol=1e-5)
+
+
+def test_model_shapes_and_leading_dims():
+    gen = torch.Generator().manual_seed(0)
+    for K, N in [(576, 576), (576, 192), (576, 1536), (1536, 576), (64, 49152 // 64)]:
+        x, w, b = torch.randn(1, 5, K, generator=gen), torch.randn(N, K, generator=gen) * 0.02, torch.randn(N, generator=gen)
+        y = cpu_gemm.small_linear(x, w, b)  # (1, 5, N)
+        assert y.shape == (1, 5, N)
+        torch.testing.assert_close(y.double(), _ref(x, w, b), atol=2e-5, rtol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows():
+    """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
+    equal to one-token products), for M across the 4-row tiles."""
+    gen = torch.Generator().manual_seed(1)
+    w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
+    x = torch.randn(13, 577, generator=gen)
+    full = cpu_gemm.small_linear(x, w, b)
+    for m in range(13):
+        assert torch.equal(full[m], cpu_gemm.small_linear(x[m:m + 1], w, b)[0])
+    assert torch.equal(full[:6], cpu_gemm.small_linear(x[:6], w, b))
+
+
+def test_non_contiguous_inputs_and_what_goes_to_the_reference():
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 48, generator=gen)
+    xt = torch.randn(48, 3, generator=gen).T  # (3, 48), not contiguous
+    torch.testing.assert_close(cpu_gemm.small_linear(xt, w).double(), _ref(xt, w, None), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(cpu_gemm.small_linear(xt, w.T.contiguous().T).double(), _ref(xt, w, None),
+                               atol=2e-5, rtol=1e-5)
+    xh, wh = xt.half(), w.half()
+    assert not cpu_gemm.supports(xh, wh) and torch.equal(cpu_gemm.small_linear(xh, wh), F.linear(xh, wh))
+    assert not cpu_gemm.supports(xt.bfloat16(), w.bfloat16())  # float32 only
+    wg = w.clone().requires_grad_(True)
+    assert not cpu_gemm.supports(xt, wg)
+    cpu_gemm.small_linear(xt, wg).sum().backward()  # autograd's path: the reference
+    assert wg.grad is not None
+    with torch.no_grad():
+        assert cpu_gemm.supports(xt, wg)
+
+
+def test_unavailable_means_the_reference(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "_EXT", None)
+    monkeypatch.setattr(cpu_gemm, "_TRIED", True)
+    monkeypatch.setattr(cpu_gemm, "_REASON", "needs a CPU with AVX-512F")
+    x, w = torch.randn(2, 16), torch.randn(8, 16)
+    assert not cpu_gemm.available() and cpu_gemm.unavailable_reason() == "needs a CPU with AVX-512F"
+    assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
+
