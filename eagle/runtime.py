@@ -7,14 +7,15 @@ The ``runtime:`` section of a decoding config::
       buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes)
       dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
       compile: false       # torch.compile each bucket's step (inductor on CPU, CUDA graphs on GPU)
-      packed_linear: true  # CPU float32: buckets of >= 4 nodes use MKL's packed GEMM where it measures faster (eagle/packed.py)
+      packed_linear: true  # CPU float32: per bucket the fastest of F.linear, MKL's packed GEMM and the small-row kernel (eagle/packed.py)
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
 (docs/results.md, "The fast target path"): compiling costs ~80 s per bucket there (165 s for three
 even with a warm cache) and saves 7-12% of a step, so it is opt-in on the CPU; the packed GEMM
 made the layer products of 4-32-row steps 2.1-3.1x faster on an Intel Xeon and 6-22% slower on an
-AMD EPYC, so ``packed_linear: true`` packs only the buckets where a measurement at start-up
-(``eagle.packed.packing_pays``, ~1 s) finds it faster.
+AMD EPYC, where the small-row kernel (kernels/cpu_gemm.py) ran them 2x faster than ``F.linear``
+instead; so ``packed_linear: true`` takes, per bucket, the way a measurement at start-up
+(``eagle.packed.linear_ways``, ~1 s) finds fastest.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def peer():
 def test_tree_budget_mapping(peer):
     # eagle2-dynamic: 6 drafted levels, top 10, 60 drafted nodes == official depth 5, top_k 10, total_token 61
     assert peer.official_budget(6, 10, 60) == {"depth": 5, "top_k": 10, "total_token": 61}
-    # eagle2-cpu: 3 levels, top 2, 4 nodes == official depth 2, top_k 2, total_token 5
+    # the former eagle2-cpu (of the peer run): 3 levels, top 2, 4 nodes == official depth 2, top_k 2, total_token 5
     assert peer.official_budget(3, 2, 4) == {"depth": 2, "top_k": 2, "total_token": 5}
     for shape in [(6, 10, 60), (3, 2, 4), (1, 4, 4), (2, 1, 2)]:
         off = peer.official_budget(*shape)

@@ -118,3 +118,21 @@ def test_self_drafter_random_static_tree(smol, prompts, expected):
         st = out.stats
         assert st.tree_nodes == st.target_forwards * (len(choices) + 1)
         assert sum(st.accepted_hist[spine:]) >= 0.9 * st.target_forwards
+
+
+@pytest.mark.parametrize("config", ["plain", "eagle2-cpu"])
+def test_greedy_matches_generate_through_the_small_row_kernel(config, smol, prompts, expected, monkeypatch):
+    """Every bucket's layer products (one-token steps included) through kernels/cpu_gemm.py, as the
+    measurement picks it on AVX-512 machines: still exactly ``generate``'s tokens (float32)."""
+    import eagle.packed as pk
+    from eagle.packed import stream_row_counts
+    from kernels import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+    monkeypatch.setattr(pk, "DECIDE", "stream")
+    model, _, _ = smol
+    dec = TreeDecoder.from_config(model, load_config(CONFIGS / f"{config}.yaml"))
+    assert {1, 4, 8} <= stream_row_counts(dec.target.packed)
+    for ids, ref in zip(prompts, expected):
+        assert dec.generate(ids, max_new_tokens=N_NEW).tokens == ref
