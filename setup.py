@@ -21,6 +21,7 @@ setup(
         "pyyaml",
         "tqdm",
         "matplotlib",
+        "ninja",  # builds kernels/cpu_gemm.cpp on first use (torch.utils.cpp_extension)
     ],
     extras_require={
         "dev": ["pytest", "pytest-xdist"],  # -n 2: the suite on both cores

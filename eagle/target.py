@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from .kv import SlotCache
 from .lmhead import project
-from .packed import linear_ways, packed_row_counts, packed_twin, twin_row_counts
+from .packed import linear_ways, packed_row_counts, packed_twin, stream_row_counts, twin_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -155,13 +155,16 @@ class Target:
         self._steps: dict = {}  # bucket -> compiled step function
         # float32 CPU, eager static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and
         # the small-row kernel (kernels/cpu_gemm.py), measured once per process (eagle/packed.py)
-        use_twin = self.static and self.runtime.packed_linear and not self.compiled
+        # (compiled steps: the kernel only, as the op torch.ops.eagle.small_linear; MKL's packed
+        # copies are made on first use, which a compiled graph cannot do)
+        use_twin = self.static and self.runtime.packed_linear
         ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
-        packed = {r for r, w in ways.items() if w == "packed"}
+        packed = {r for r, w in ways.items() if w == "packed" and not self.compiled}
         stream = {r for r, w in ways.items() if w == "stream"}
         self.packed = packed_twin(model, packed, stream) if packed or stream else None  # the model's twin
         self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps take MKL's packed GEMM
         self.twin_rows = twin_row_counts(self.packed)  # buckets whose steps run on the twin
+        self.stream_rows = stream_row_counts(self.packed)  # buckets whose products take the small-row kernel
         self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
@@ -328,8 +331,10 @@ class Target:
         _inductor_cache_dir()
         mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPU
 
+        base = self._packed_base if size in self.stream_rows else None  # the small-row kernel's op inside
+
         def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
-            return self._run(tokens, positions, cache, masks, layers, cache_slots=slots, **kernel)
+            return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
 
         compiled = torch.compile(step, dynamic=False, mode=mode)
 

@@ -13,8 +13,9 @@ Three things, as for the Triton kernel:
 * :func:`small_linear`: the fast path (falls back to the reference where it cannot run);
 * :func:`small_linear_reference`: ``F.linear``, the obviously-correct version;
 * :func:`available` / :func:`unavailable_reason`: whether this machine has it. The extension is
-  compiled on first use with the system C++ compiler (~30 s, once per machine: cached under
-  ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose flags include AVX-512F.
+  compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~30 s,
+  once per machine and source: cached under ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose
+  flags include AVX-512F.
 
 Float32 only: a bfloat16 form of the same tiles (``vdpbf16ps``, AVX512-BF16) was written and
 measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products),
@@ -52,9 +53,16 @@ def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 
 def _build():
+    import sys
+
     from torch.utils.cpp_extension import load
 
     from eagle.models import cache_dir
+
+    # torch runs `ninja` from PATH: the one pip installed beside this interpreter counts too
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
     folder = cache_dir() / "torch_extensions" / f"cpu_gemm-torch{torch.__version__.split('+')[0]}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -120,5 +128,23 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return small_linear_reference(x, weight, bias)
     K = x.shape[-1]
     x2 = x.reshape(-1, K).contiguous()  # (M, K)
-    y = ext.small_linear(x2, weight.contiguous(), None if bias is None else bias.contiguous())  # (M, N)
+    if torch.compiler.is_compiling():  # inside torch.compile: the registered op (no graph break)
+        y = torch.ops.eagle.small_linear(x2, weight, bias)
+    else:  # eager: the extension directly (the op's dispatch would add ~5 us per call)
+        y = ext.small_linear(x2, weight.contiguous(), None if bias is None else bias.contiguous())  # (M, N)
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("eagle::small_linear", mutates_args=())
+def small_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x (M, K) @ weight (N, K).T + bias -> (M, N)`` as one opaque op for compiled graphs
+    (inductor calls it as an extern kernel; the elementwise work around it still fuses)."""
+    ext = _load()
+    if ext is None:
+        return F.linear(x, weight, bias)
+    return ext.small_linear(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous())
+
+
+@small_linear_op.register_fake
+def _small_linear_fake(x, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])
