@@ -19,8 +19,8 @@ of 4-64 rows 1.2-3.1x faster, on an AMD EPYC (Zen 4, 2 threads) 6-22% slower
 (``python experiments/packed_gemm.py``). So :func:`packing_pays` measures it, once per process and
 row count, on the model's own weights, and callers pack only the row counts that won.
 The small-row kernel (``kernels/cpu_gemm.py``: each weight streamed once at the memory's speed, the
-few x rows kept in L1) is the third way: on the AMD EPYC it ran all 211 products 2.3x faster than
-``F.linear`` for one row and 1.7-1.9x for 8-16 rows. :func:`linear_ways` times the ways available
+few x rows kept in L1) is the third way: on the AMD EPYC it ran all 211 products of a step 2.0x
+faster than ``F.linear`` for one row and 2.4-2.5x for 8-16 rows (``python kernels/bench_cpu_gemm.py``). :func:`linear_ways` times the ways available
 for each row count and keeps the fastest; a twin's layer runs each row count its own way.
 This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
 The first version intercepted every torch call of the forward (~2,300 per step) with a

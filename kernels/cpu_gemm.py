@@ -3,9 +3,9 @@
 A decoding step multiplies 1-32 rows (one token, a padded tree) by every weight of the model. On
 the 2-core machines this project is developed on, MKL's GEMM streams the weights at 11-16 GB/s
 there, a third of what the memory delivers; every step is bound by it. The C++ loop here streams
-each weight once at the memory's speed and keeps the x rows in L1 (SmolLM2-135M's 211 products,
-2 threads, AMD EPYC: 1 row 16.4 ms against 38.0 for ``F.linear``, 8 rows 29.3 against 50.5, 16 rows
-37.7 against 71.2; ``python kernels/bench_cpu_gemm.py``). Callers choose it by measurement per row
+each weight once at near the memory's speed and keeps the x rows in L1 (SmolLM2-135M's 211
+products, 2 threads, AMD EPYC: 1 row 20.5 ms against 42.1 for ``F.linear``, 8 rows 21.9 against
+55.6, 16 rows 30.4 against 74.8; ``python kernels/bench_cpu_gemm.py``, docs/results.md). Callers choose it by measurement per row
 count (``eagle.packed``, ``eagle.lmhead``), since which GEMM wins depends on the machine.
 
 Three things, as for the Triton kernel:
