@@ -9,13 +9,14 @@ import torch.nn.functional as F
 
 from kernels import cpu_gemm
 
-pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
 
 
 def _ref(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
+@needs_kernel
 @pytest.mark.parametrize("seed", range(12))
 def test_random_shapes_equal_the_reference(seed):
     gen = torch.Generator().manual_seed(seed)
@@ -29,6 +30,7 @@ def test_random_shapes_equal_the_reference(seed):
     torch.testing.assert_close(y.double(), _ref(x, w, b), atol=2e-5, rtol=1e-5)
 
 
+@needs_kernel
 def test_model_shapes_and_leading_dims():
     gen = torch.Generator().manual_seed(0)
     for K, N in [(576, 576), (576, 192), (576, 1536), (1536, 576), (64, 49152 // 64)]:
@@ -38,6 +40,7 @@ def test_model_shapes_and_leading_dims():
         torch.testing.assert_close(y.double(), _ref(x, w, b), atol=2e-5, rtol=1e-5)
 
 
+@needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
     equal to one-token products), for M across the 4-row tiles."""
@@ -50,6 +53,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
     assert torch.equal(full[:6], cpu_gemm.small_linear(x[:6], w, b))
 
 
+@needs_kernel
 def test_non_contiguous_inputs_and_what_goes_to_the_reference():
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(64, 48, generator=gen)
@@ -76,3 +80,31 @@ def test_unavailable_means_the_reference(monkeypatch):
     assert not cpu_gemm.available() and cpu_gemm.unavailable_reason() == "needs a CPU with AVX-512F"
     assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
 
+
+
+@pytest.mark.parametrize("case", ["disabled", "build fails", "no avx512"])
+def test_where_the_kernel_cannot_run_it_says_why(case, monkeypatch):
+    """EAGLE_CPU_GEMM=0, a failed build (no compiler, ...) and a CPU without AVX-512F each leave the
+    kernel off with a reason (a failed build also warns once) and small_linear == F.linear."""
+    monkeypatch.setattr(cpu_gemm, "_EXT", None)
+    monkeypatch.setattr(cpu_gemm, "_TRIED", False)
+    monkeypatch.setattr(cpu_gemm, "_REASON", None)
+    monkeypatch.setattr(cpu_gemm.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_gemm, "_cpu_flags", lambda: set() if case == "no avx512" else {"avx512f"})
+    if case == "disabled":
+        monkeypatch.setenv("EAGLE_CPU_GEMM", "0")
+
+    def failing_build():
+        raise OSError("g++: command not found")
+
+    monkeypatch.setattr(cpu_gemm, "_build", failing_build)
+    if case == "build fails":
+        with pytest.warns(RuntimeWarning, match="small-row CPU GEMM off"):
+            assert not cpu_gemm.available()
+    else:
+        assert not cpu_gemm.available()
+    reason = cpu_gemm.unavailable_reason()
+    assert reason == {"disabled": "disabled by EAGLE_CPU_GEMM=0", "no avx512": "needs a CPU with AVX-512F",
+                      "build fails": "could not build kernels/cpu_gemm.cpp: OSError: g++: command not found"}[case]
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
