@@ -41,7 +41,7 @@ from torch import nn
 from kernels import cpu_gemm
 
 __all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "stream_row_counts",
-           "twin_row_counts", "packing_pays", "linear_ways", "packing_measurements", "MIN_ROWS"]
+           "twin_row_counts", "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
 _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
@@ -70,21 +70,24 @@ class PackedLinear(nn.Linear):
         linear: the layer it stands for (its parameters are shared, not copied).
         row_counts: the row counts (tokens per forward) to pack for, e.g. the tree buckets >= 4.
         stream_rows: the row counts to run through the small-row kernel (takes precedence).
+        stream_upto: also every row count from 1 to this one through the kernel (0: none), for
+            modules whose row counts vary (a draft head's levels).
     """
 
-    def __init__(self, linear: nn.Linear, row_counts, stream_rows=()):
+    def __init__(self, linear: nn.Linear, row_counts, stream_rows=(), stream_upto: int = 0):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self.row_counts = frozenset(row_counts)
         self.stream_rows = frozenset(stream_rows)
+        self.stream_upto = stream_upto
         self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
         self._version = linear.weight._version  # an in-place update of the weight drops the copies
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows in self.stream_rows:
+        if rows in self.stream_rows or 0 < rows <= self.stream_upto:
             return cpu_gemm.small_linear(x, w, self.bias)  # F.linear where the kernel does not apply
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
@@ -132,6 +135,33 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=()) -> nn.Module | Non
         impl = model.config._attn_implementation  # a Target may have switched the model's since
         if twin.config._attn_implementation != impl:
             twin.set_attn_implementation(impl)
+    return twin
+
+
+def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 5) -> nn.Module | None:
+    """A structural copy of a small float32 CPU module (a draft head) that shares its parameters and
+    sends products of 1..``upto`` rows of every ``nn.Linear`` to the small-row kernel, or ``None``
+    when the kernel is unavailable or does not beat ``F.linear`` by ``MARGIN`` on the module's own
+    linear layers at ``rows`` rows (timed here, best of ``repeats``; ``DECIDE`` "stream" / "never" /
+    "always" decide without timing: always = no copy, as MKL packing is not used for small modules)."""
+    linears = [m for m in module.modules() if type(m) is nn.Linear]
+    if not linears or not cpu_gemm.available() or DECIDE in ("never", "always") \
+            or any(m.weight.dtype != torch.float32 or m.weight.device.type != "cpu" for m in linears):
+        return None
+    if DECIDE != "stream":
+        xs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+        with torch.no_grad():
+            t_plain, t_stream = _timed_pass([lambda: [F.linear(xs[m.in_features], m.weight, m.bias) for m in linears],
+                                             lambda: [cpu_gemm.small_linear(xs[m.in_features], m.weight, m.bias)
+                                                      for m in linears]], repeats)
+        if t_stream >= (1 - MARGIN) * t_plain:
+            return None
+    shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
+    twin = copy.deepcopy(module, memo=shared)  # new modules, the same parameters and buffers
+    for name, mod in list(twin.named_modules()):
+        if type(mod) is nn.Linear:
+            parent, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent) if parent else twin, attr, PackedLinear(mod, (), stream_upto=upto))
     return twin
 
 

@@ -216,3 +216,47 @@ def test_greedy_eagle_with_draft_vocab_is_lossless():
     assert out.tokens == plain_greedy("llama", prompt)
     allowed = set(dv.tolist())
     assert all(set(t.tokens[1:].tolist()) <= allowed for t in trees)  # drafts only from the draft vocab
+
+
+def test_float32_drafting_through_the_small_row_kernel(monkeypatch):
+    """A float32 drafter runs its head on a copy whose linear layers use the small-row kernel
+    (kernels/cpu_gemm.py) when that is chosen: the head's weights are shared, not copied, every
+    draft tree has the same tokens and scores (to rounding) as with F.linear, and greedy decoding
+    stays lossless."""
+    import eagle.packed as pk
+    from eagle.packed import PackedLinear
+    from kernels import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=5)
+    shape = TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8)
+    monkeypatch.setattr(pk, "DECIDE", "stream")
+    fast = EagleDrafter(target, head, shape)
+    monkeypatch.setattr(pk, "DECIDE", "never")
+    slow = EagleDrafter(target, head, shape)
+    assert slow.head is head and fast.head is not head
+    assert any(isinstance(m, PackedLinear) for m in fast.head.modules())
+    theirs = dict(head.named_parameters())
+    assert all(p is theirs[n] for n, p in fast.head.named_parameters())  # shared
+    prompt = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(8))
+    trees = []
+
+    class Recording(EagleDrafter):
+        def propose(self, root, sampling):
+            tree = super().propose(root, sampling)
+            trees.append(tree)
+            return tree
+
+    for d in (fast, slow):
+        d.__class__ = Recording
+    out_fast = TreeDecoder(target, fast).generate(prompt, 20)
+    n = len(trees)
+    out_slow = TreeDecoder(target, slow).generate(prompt, 20)
+    assert out_fast.tokens == out_slow.tokens == TreeDecoder(target).generate(prompt, 20).tokens
+    assert n == len(trees) - n
+    for a, b in zip(trees[:n], trees[n:]):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
