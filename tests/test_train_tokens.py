@@ -178,3 +178,30 @@ def test_gen_dtype_choices(tmp_path, model, monkeypatch):
     monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
     low = trainer.sampling_model(model, "auto")
     assert low is not model and low.get_output_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_featurize_through_the_small_row_kernel(model, monkeypatch):
+    """Where the kernel is chosen, the rebuild runs on a weight-sharing copy in batches of at most
+    STREAM_TOKENS positions and gives the same features (up to fp16 rounding)."""
+    import eagle.packed as pk
+    import eagle.train.tokens as tk
+    from kernels import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(2, V, (int(n),), generator=gen) for n in (5, 17, 9, 30, 12)]
+    monkeypatch.setattr(pk, "DECIDE", "never")
+    monkeypatch.setattr(tk, "_RUNNERS", tk.weakref.WeakKeyDictionary())
+    ref = featurize(model, seqs, (1, 2))
+    assert tk._RUNNERS[model] == (model, tk.FEATURIZE_TOKENS)  # the kernel not chosen: the model itself
+    monkeypatch.setattr(pk, "DECIDE", "stream")
+    monkeypatch.setattr(tk, "_RUNNERS", tk.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(tk, "STREAM_TOKENS", 32)  # several batches
+    out = featurize(model, seqs, (1, 2))
+    runner, limit = tk._RUNNERS[model]
+    assert runner is not model and limit == 32
+    assert any(isinstance(m, pk.PackedLinear) for m in runner.modules())
+    for (h, f), (hr, fr) in zip(out, ref):
+        torch.testing.assert_close(h.float(), hr.float(), atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(f.float(), fr.float(), atol=2e-3, rtol=1e-3)
