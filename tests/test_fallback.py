@@ -78,13 +78,30 @@ def test_fallback_config_validation():
         cfg.validate()
 
 
-def test_decoder_with_fallback_is_still_lossless_and_remembers(tiny_model):
+def test_decoder_with_fallback_is_still_lossless_and_remembers(tiny_model, monkeypatch):
+    """The decoder's clock is a fake one in which every drafting step costs a second more than a
+    plain step, so "drafting does not pay" holds whatever the machine's speed (a real clock made
+    this test depend on timings: on a loaded 2-core machine the tiny random drafter sometimes won)."""
     from conftest import RandomTreeDrafter
 
+    clock = [0.0]
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            clock[0] += 1e-3
+            return clock[0]
+
+    class SlowDrafter(RandomTreeDrafter):
+        def propose(self, root, sampling):
+            clock[0] += 1.0
+            return super().propose(root, sampling)
+
+    monkeypatch.setattr("eagle.decoder.time", FakeTime)
     model = tiny_model("llama")
     prompt = torch.randint(1, 128, (10,), generator=torch.Generator().manual_seed(0))
     expected = TreeDecoder(model).generate(prompt, 40).tokens
-    dec = TreeDecoder(model, RandomTreeDrafter(128, seed=1), fallback=FallbackConfig(enabled=True, min_steps=3, calibrate=2))
+    dec = TreeDecoder(model, SlowDrafter(128, seed=1), fallback=FallbackConfig(enabled=True, min_steps=3, calibrate=2))
     out = dec.generate(prompt, 40)
     assert out.tokens == expected
     assert out.stats.plain_steps >= 2  # the calibration steps ran without drafting
