@@ -41,7 +41,7 @@ from torch import nn
 from kernels import cpu_gemm
 
 __all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "stream_row_counts",
-           "twin_row_counts", "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
+           "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
 _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
@@ -119,13 +119,8 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=()) -> nn.Module | Non
         return None
     twin = _TWINS.get(model)
     if twin is None:
-        shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-        twin = copy.deepcopy(model, memo=shared)  # new modules, the same parameters and buffers
-        lm_head = twin.get_output_embeddings()
-        for name, mod in list(twin.named_modules()):
-            if type(mod) is nn.Linear and mod is not lm_head:
-                parent, _, attr = name.rpartition(".")
-                setattr(twin.get_submodule(parent), attr, PackedLinear(mod, rows, stream))
+        lm_head = model.get_output_embeddings()
+        twin = _sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream), skip=lm_head)
         _TWINS[model] = twin
     else:
         for mod in twin.modules():
@@ -156,12 +151,19 @@ def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 
                                                       for m in linears]], repeats)
         if t_stream >= (1 - MARGIN) * t_plain:
             return None
+    return _sharing_copy(module, lambda mod: PackedLinear(mod, (), stream_upto=upto))
+
+
+def _sharing_copy(module: nn.Module, make, skip: nn.Module | None = None) -> nn.Module:
+    """A structural copy of ``module`` that shares every parameter and buffer with it (no weight is
+    copied), each of its ``nn.Linear``s but ``skip`` replaced by ``make(linear)``."""
     shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
     twin = copy.deepcopy(module, memo=shared)  # new modules, the same parameters and buffers
+    skipped = {name for name, mod in module.named_modules() if mod is skip}
     for name, mod in list(twin.named_modules()):
-        if type(mod) is nn.Linear:
+        if type(mod) is nn.Linear and name not in skipped:
             parent, _, attr = name.rpartition(".")
-            setattr(twin.get_submodule(parent) if parent else twin, attr, PackedLinear(mod, (), stream_upto=upto))
+            setattr(twin.get_submodule(parent), attr, make(mod))
     return twin
 
 
@@ -177,11 +179,6 @@ def stream_row_counts(twin: nn.Module | None) -> frozenset:
     if twin is None:
         return frozenset()
     return next((m.stream_rows for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
-
-
-def twin_row_counts(twin: nn.Module | None) -> frozenset:
-    """Every row count for which the twin differs from the model (packed or streamed)."""
-    return packed_row_counts(twin) | stream_row_counts(twin)
 
 
 def _decoder_linears(model: nn.Module) -> list[nn.Linear]:

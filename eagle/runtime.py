@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS", "native_bf16"]
+__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS", "cpu_flags", "native_bf16"]
 
 CACHES = ("static", "dynamic")
 DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
@@ -67,9 +67,14 @@ def native_bf16(device="cpu", cpuinfo: str = "/proc/cpuinfo") -> bool:
 
     if torch.device(device).type == "cuda":
         return True
+    flags = cpu_flags(cpuinfo)
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags from ``cpuinfo`` (empty where it cannot be read)."""
     try:
         with open(cpuinfo) as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()

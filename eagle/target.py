@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from .kv import SlotCache
 from .lmhead import project
-from .packed import linear_ways, packed_row_counts, packed_twin, stream_row_counts, twin_row_counts
+from .packed import linear_ways, packed_row_counts, packed_twin, stream_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -163,8 +163,8 @@ class Target:
         stream = {r for r, w in ways.items() if w == "stream"}
         self.packed = packed_twin(model, packed, stream) if packed or stream else None  # the model's twin
         self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps take MKL's packed GEMM
-        self.twin_rows = twin_row_counts(self.packed)  # buckets whose steps run on the twin
         self.stream_rows = stream_row_counts(self.packed)  # buckets whose products take the small-row kernel
+        self.twin_rows = self.packed_rows | self.stream_rows  # buckets whose steps run on the twin
         self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 

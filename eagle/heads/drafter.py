@@ -51,7 +51,7 @@ class EagleDrafter(Drafter):
         if self.dtype == torch.float32:  # its products through the small-row kernel where that measures faster
             from ..packed import streaming_copy
 
-            head = streaming_copy(head, rows=getattr(shape, "top_k", 0) or 8) or head
+            head = streaming_copy(head, rows=shape.top_k) or head  # a level's rows: top_k frontier nodes
         self.target, self.head, self.shape, self.sample = target, head, shape, sample
         self.feature_layers = head.feature_layers
         self.lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
