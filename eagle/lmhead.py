@@ -21,7 +21,8 @@ rows   ``plain``   ``transposed``   ``packed``
   weight's size in memory; tried from ``MIN_ROWS`` rows, weights that are not being trained).
 
 * ``stream``: the small-row AVX-512 kernel (``kernels/cpu_gemm.py``), where this machine has it
-  (AMD EPYC, 1 row: 3.2 against 7.2 ms for ``F.linear``, the weight streamed at 35 GB/s).
+  (on the AMD EPYC it runs a step's products, this head included, about 2x faster than ``F.linear``:
+  ``python kernels/bench_cpu_gemm.py``, docs/results.md).
 
 On an AMD EPYC the transposed way won from 2 rows. So the first product per (row count, weight)
 in a process times the candidates (interleaved, after a warm-up) and keeps the fastest; a packed

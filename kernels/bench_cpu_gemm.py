@@ -6,6 +6,7 @@ gives medians, the effective weight-read bandwidth and the ratio to ``F.linear``
 read speed (a 512 MB sum) is measured in the same run, for the floor.
 
     python kernels/bench_cpu_gemm.py --rows 1,2,4,8,16,32,64 --rounds 7
+    python kernels/bench_cpu_gemm.py --prefetch-ab --rows 1,4,16   # the kernel with / without prefetching
 """
 from __future__ import annotations
 
@@ -40,11 +41,41 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _rotating_medians(ways: dict, rounds: int) -> dict[str, float]:
+    """Median ms of each zero-argument way over ``rounds`` rounds in rotating order (one warm-up each)."""
+    times = {k: [] for k in ways}
+    names = list(ways)
+    for fn in ways.values():
+        fn()
+    for i in range(rounds):
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            times[k].append(_time(ways[k]))
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def prefetch_ab(weights, rows, rounds: int, gen) -> int:
+    """The kernel against a build of the same source without its weight prefetch (``-DCPU_GEMM_NO_PREFETCH``)."""
+    plain_build = cpu_gemm._build("-noprefetch", ("CPU_GEMM_NO_PREFETCH",))
+    fast = cpu_gemm._load()
+    print("| rows | without prefetch, ms | with prefetch, ms | ratio |")
+    print("|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for r in rows:
+            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
+            med = _rotating_medians({"off": lambda: [plain_build.small_linear(xs[w.shape[1]], w, None) for w in weights],
+                                     "on": lambda: [fast.small_linear(xs[w.shape[1]], w, None) for w in weights]},
+                                    rounds)
+            print(f"| {r} | {med['off']:.1f} | {med['on']:.1f} | {med['on'] / med['off']:.2f} |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64", help="comma-separated row counts")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefetch-ab", action="store_true",
+                    help="instead: the kernel against a build of it without the weight prefetch, same weights")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -56,34 +87,28 @@ def main(argv=None) -> int:
     if not cpu_gemm.available():
         print(f"error: the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}", file=sys.stderr)
         return 2
-    dtype = torch.float32
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(n, k, generator=gen) * 0.02).to(dtype) for n, k in SHAPES]
-    mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES]
+    mb = sum(w.numel() for w in weights) * 4 / 1e6
+    if args.prefetch_ab:
+        return prefetch_ab(weights, rows, args.rounds, gen)
     bw = read_bandwidth_gbs()
-    mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear") and dtype == torch.float32
+    mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
     print(f"# {len(weights)} products, {mb:.0f} MB float32, {args.threads} threads; memory read {bw:.1f} GB/s "
           f"(floor {mb / bw:.1f} ms per step)")
     print("| rows | F.linear ms | packed ms | small_linear ms | small_linear GB/s | small_linear / F.linear |")
     print("|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for r in rows:
-            xs = {k: torch.randn(r, k, generator=gen).to(dtype) for k in {w.shape[1] for w in weights}}
+            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
             ways = {"plain": lambda: [F.linear(xs[w.shape[1]], w) for w in weights],
                     "stream": lambda: [cpu_gemm.small_linear(xs[w.shape[1]], w) for w in weights]}
             if mkl:
                 packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, r) for w in weights]
                 ways["packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, r)
                                           for w, p in zip(weights, packed)]
-            times = {k: [] for k in ways}
-            names = list(ways)
-            for fn in ways.values():
-                fn()
-            for i in range(args.rounds):
-                for k in names[i % len(names):] + names[:i % len(names)]:  # rotating order
-                    times[k].append(_time(ways[k]))
-            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            med = _rotating_medians(ways, args.rounds)
             packed_ms = f"{med['packed']:.1f}" if "packed" in med else "-"
             print(f"| {r} | {med['plain']:.1f} | {packed_ms} | {med['stream']:.1f} | {mb / med['stream']:.1f} | "
                   f"{med['stream'] / med['plain']:.2f} |", flush=True)

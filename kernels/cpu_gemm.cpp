@@ -27,8 +27,10 @@ inline void tile(const float* __restrict x, const float* __restrict w, float* __
     __m512 wv[NT];
     for (int j = 0; j < NT; ++j) {
       // the next tile's rows, one tile ahead: the hardware prefetcher alone left 4-16-row calls
-      // waiting on memory (16 rows: 37.8 -> 26.1 ms for a step's products; prefetches never fault)
+      // waiting on memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`; prefetches never fault)
+#ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
       _mm_prefetch(reinterpret_cast<const char*>(w + (j + NT) * K + k), _MM_HINT_T0);
+#endif
       wv[j] = _mm512_loadu_ps(w + j * K + k);
     }
     for (int i = 0; i < MT; ++i) {

@@ -18,8 +18,8 @@ Three things, as for the Triton kernel:
   flags include AVX-512F.
 
 Float32 only: a bfloat16 form of the same tiles (``vdpbf16ps``, AVX512-BF16) was written and
-measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products),
-so bf16 models keep ``F.linear``.
+measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products,
+docs/results.md), so it was removed and bf16 models keep ``F.linear``.
 
 A row's result does not depend on the other rows of the call (same instruction sequence per output),
 which keeps a tree's products bitwise equal to the one-token products of the same rows.
@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from eagle.runtime import cpu_flags as _cpu_flags
+
 __all__ = ["available", "unavailable_reason", "small_linear", "small_linear_reference", "supports"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
@@ -44,15 +46,9 @@ _REASON: str | None = None  # why it is unavailable (None: not tried yet, or ava
 _TRIED = False
 
 
-def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    try:
-        with open(cpuinfo) as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
-def _build():
+def _build(variant: str = "", defines: tuple[str, ...] = ()):
+    """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``: another
+    build of the same source with preprocessor switches (benchmarks only)."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -64,11 +60,11 @@ def _build():
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-    folder = cache_dir() / "torch_extensions" / f"cpu_gemm-torch{torch.__version__.split('+')[0]}"
+    folder = cache_dir() / "torch_extensions" / f"cpu_gemm{variant}-torch{torch.__version__.split('+')[0]}"
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name="eagle_cpu_gemm", sources=[str(_SOURCE)], build_directory=str(folder),
-                extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
+    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}", sources=[str(_SOURCE)], build_directory=str(folder),
+                extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp", *(f"-D{d}" for d in defines)],
+                extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def _load():

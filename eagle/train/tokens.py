@@ -38,8 +38,8 @@ TOKENS_FORMAT = "eagle-selfdistill-tokens/1"
 # the features of a rebuilt shard: one forward over at most this many (padded) positions at a time
 FEATURIZE_TOKENS = 4096
 # ... or over at most this many, when the small-row CPU GEMM (kernels/cpu_gemm.py) runs them faster
-# than MKL runs 4,096 (AMD EPYC: 870-950 against 590-600 tok/s for the whole rebuild, same features
-# up to fp16 rounding; the kernel's advantage fades with more rows)
+# than MKL runs 4,096 (AMD EPYC: 749-819 against 505-584 tok/s, same features up to fp16 rounding,
+# `python experiments/featurize_throughput.py`; the kernel's advantage fades with more rows)
 STREAM_TOKENS = 256
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (runner, max_tokens)
 

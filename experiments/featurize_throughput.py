@@ -1,0 +1,72 @@
+"""Feature rebuild throughput (eagle.train.tokens.featurize): MKL's GEMM over batches of <= 4,096
+positions (the former way) against the small-row kernel on a weight-sharing streaming copy over
+batches of <= 256 positions (what featurize takes where it measures faster), on the same sequences
+of one committed token-store shard, alternating A/B rounds in one process; also the largest
+difference between the two ways' fp16 features.
+
+    python experiments/featurize_throughput.py --sequences 24 --rounds 2
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shard", default=str(ROOT / "experiments/data/selfdistill/smollm2-135m/shard-00010.safetensors"))
+    ap.add_argument("--sequences", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if not Path(args.shard).is_file():
+        print(f"error: no token shard at {args.shard}", file=sys.stderr)
+        return 2
+
+    import torch
+    from safetensors.torch import load_file
+
+    import eagle
+    import eagle.packed as pk
+    from eagle.train.tokens import FEATURIZE_TOKENS, STREAM_TOKENS, featurize
+    from kernels import cpu_gemm
+
+    if not cpu_gemm.available():
+        print(f"error: the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    model, _ = eagle.load_target("smollm2-135m")
+    shard = load_file(args.shard)
+    off, ids = shard["offsets"], shard["input_ids"].long()
+    seqs = [ids[off[i]:off[i + 1]] for i in range(min(args.sequences, len(off) - 1))]
+    n = sum(len(s) for s in seqs)
+    pk.DECIDE = "stream"  # the copy without timing ...
+    twin = pk.streaming_copy(model, rows=STREAM_TOKENS, upto=STREAM_TOKENS)
+    pk.DECIDE = "never"  # ... and the model itself stays on MKL (featurize would swap in a copy of its own)
+    layers = (2, 15, 27)
+    ways = {f"MKL, <= {FEATURIZE_TOKENS} positions": (model, FEATURIZE_TOKENS),
+            f"kernel, <= {STREAM_TOKENS} positions": (twin, STREAM_TOKENS)}
+    out = {}
+    with torch.no_grad():
+        for rnd in range(args.rounds):
+            for name in (list(ways) if rnd % 2 == 0 else list(ways)[::-1]):
+                runner, limit = ways[name]
+                t0 = time.perf_counter()
+                out[name] = featurize(runner, seqs, layers, max_tokens=limit)  # limit <= STREAM_TOKENS: no copy of its own
+                print(f"round {rnd + 1}: {name}: {n / (time.perf_counter() - t0):.0f} tok/s", flush=True)
+    a, b = out.values()
+    diff = max(max((x[0].float() - y[0].float()).abs().max().item(), (x[1].float() - y[1].float()).abs().max().item())
+               for x, y in zip(a, b))
+    top = max(max(x[0].float().abs().max().item(), x[1].float().abs().max().item()) for x in a)
+    print(f"{len(seqs)} sequences, {n} tokens; largest feature difference between the ways: {diff:.4g} "
+          f"(fp16 features; largest feature magnitude {top:.4g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
