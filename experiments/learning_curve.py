@@ -23,6 +23,11 @@ proportionally more steps), then measures:
   on the first ``--prompts-limit`` (8) held-out prompts, 128 new tokens; tau's standard error over
   the prompts and the outputs' identity to plain decoding come with it.
 
+A cell that reads every shard (``all``, or a budget the whole data just reaches) trains with the
+recipe's own length is the training config's own run: its ``out_dir`` and ``export`` (the shipped
+head, e.g. heads/smollm2-135m-eagle3), so the curve's biggest point and the shipped head are one
+training, which ``eagle train --config <that config>`` also resumes.
+
 Writes ``results.json`` (after every stage of every cell), ``table.md`` and ``learning_curve.png``
 under ``--out`` (default experiments/results/learning_curve/), and with ``--report FILE`` a
 markdown page (table, plot, command, a reading of the curve written from the numbers). Heads,
@@ -135,6 +140,9 @@ class Cell:
     data_tokens: int  # tokens of the shards it reads (>= budget: whole shards)
     shards: int
     work: str  # its folder: checkpoints under train/, the exported head under head/
+    # it reads every shard of the data: with the recipe's own training length it IS the training
+    # config's own run (its out_dir and export, e.g. the shipped head), not a copy under ``work``
+    whole: bool = False
 
     @property
     def key(self) -> str:
@@ -176,7 +184,8 @@ def plan_cells(heads: list[str], budgets: list[int | str], available: dict[str, 
                 continue
             seen.add((head, n))
             tokens, shards = prefix_tokens(manifest, n)
-            cells.append(Cell(head, n, label, tokens, shards, str(Path(work) / f"{head}-{n}{suffix}")))
+            cells.append(Cell(head, n, label, tokens, shards, str(Path(work) / f"{head}-{n}{suffix}"),
+                              whole=shards == len(manifest.get("shards", []))))
     return cells, notes
 
 
@@ -494,6 +503,14 @@ def load_decode_config(path: str | Path, head_dir: str | Path, name: str):
 
 
 def cell_train_config(base, cell: Cell, epochs: float | None, max_steps: int | None):
+    """The training config of ``cell``: ``base`` on the cell's first shards, in the cell's folder; a
+    cell of all the data with the recipe's own length is ``base``'s own run (the shipped head): the
+    curve's biggest point and the shipped head are then one training, not two."""
+    if cell.whole and epochs is None and max_steps is None:
+        export = base.export if Path(base.export).is_absolute() else str(ROOT / base.export)
+        cfg = dataclasses.replace(base, data_tokens=0, export=export)
+        cfg.validate()
+        return cfg
     cfg = dataclasses.replace(base, data_tokens=cell.budget, out_dir=str(Path(cell.work) / "train"),
                               export=str(Path(cell.work) / "head"))
     if epochs is not None:
@@ -525,6 +542,10 @@ class Measure:
 
     def train_config(self, cell: Cell):
         return cell_train_config(self.configs[cell.head], cell, self.args.epochs, self.args.max_steps)
+
+    def head_dir(self, cell: Cell) -> Path:
+        """Where the cell's trained head is exported."""
+        return Path(self.train_config(cell).export)
 
     def train(self, cell: Cell) -> dict:
         from eagle.train.trainer import train
@@ -628,7 +649,7 @@ class Measure:
 
         model, tok = self.target()
         prompts = self.bench_prompts()
-        dcfg = load_decode_config(self.decode_paths[cell.head], Path(cell.work) / "head", cell.key)
+        dcfg = load_decode_config(self.decode_paths[cell.head], self.head_dir(cell), cell.key)
         # plain decoding and transformers' generate run once for all cells: their records are kept
         base_file = self.out / "bench_baseline.json"
         settings = self.bench_settings()
@@ -770,7 +791,7 @@ def _main(argv: list[str] | None) -> int:
         cells,
         train_fp=lambda c: dataclasses.asdict(m.train_config(c)),
         eval_fp=lambda c: m.heldout_spec(),
-        bench_fp=lambda c: [dataclasses.asdict(load_decode_config(HEADS[c.head][1], Path(c.work) / "head", c.key)),
+        bench_fp=lambda c: [dataclasses.asdict(load_decode_config(HEADS[c.head][1], m.head_dir(c), c.key)),
                             m.bench_settings()])
     out.mkdir(parents=True, exist_ok=True)
 
@@ -780,7 +801,7 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         run_curve(cells, state, out, fps, m.train, evaluate, m.bench,
-                  head_ready=lambda c: (Path(c.work) / "head").is_dir())
+                  head_ready=lambda c: m.head_dir(c).is_dir())
     finally:
         written = write_outputs(state, out, args.report)
     print("wrote " + ", ".join(str(p) for p in [out / "results.json", *written]))

@@ -203,6 +203,26 @@ def test_cell_train_config(tmp_path):
     assert cfg.head == "eagle3" and cfg.lr == base.lr and base.data_tokens == 0  # the base config is untouched
 
 
+def test_a_cell_of_all_the_data_is_the_configs_own_run(tmp_path):
+    """The cell reading every shard, at the recipe's own length, trains the training config's own
+    run (its out_dir, its export: the shipped head), so `eagle train --config` resumes the same one;
+    with a length override, or reading fewer shards, it stays in its own folder."""
+    lc = _script()
+    from eagle.train.trainer import load_train_config
+
+    m = _manifest([100, 100, 100])
+    cells, _ = lc.plan_cells(["eagle3"], [150, 300, "all"], {"eagle3": m}, tmp_path)
+    assert [(c.key, c.whole) for c in cells] == [("eagle3-150", False), ("eagle3-300", True)]
+    base = load_train_config(ROOT / lc.HEADS["eagle3"][0])
+    own = lc.cell_train_config(base, cells[1], None, None)
+    assert own.out_dir == base.out_dir and own.data_tokens == 0
+    assert own.export == str(ROOT / "heads" / "smollm2-135m-eagle3")
+    short = lc.cell_train_config(base, cells[1], None, 5)  # a quick curve never touches the shipped run
+    assert short.out_dir == str(Path(cells[1].work) / "train") and short.data_tokens == 300
+    part = lc.cell_train_config(base, cells[0], None, None)
+    assert part.out_dir == str(Path(cells[0].work) / "train") and part.export == str(Path(cells[0].work) / "head")
+
+
 def test_main_plan_and_errors(tmp_path, capsys, monkeypatch):
     lc = _script()
     data = tmp_path / "data"

@@ -144,3 +144,29 @@ def test_data_without_the_head_layers_is_refused(model, data, tmp_path):
     cfg = cfg_for(tmp_path, data, feature_layers=[0, 2])
     with pytest.raises(Exception, match="fused layers per token"):
         train(cfg, model=model, progress=False)
+
+
+def test_bf16_training_runs_its_products_in_bf16_and_learns(model, data, tmp_path):
+    """train_dtype bfloat16: the TTT loss of one batch within ~2% of float32's with the layer's and the
+    LM head's products in bf16; a short run lowers the held-out loss and keeps float32 weights."""
+    from eagle.train.common import step_precision
+
+    cfg = cfg_for(tmp_path, data, "bf16", train_dtype="bfloat16", max_steps=40, eval_every=20)
+    seqs = ShardDataset(data, load_layers=True).sequences[:4]
+    recipe = Eagle3Recipe(cfg, model, seqs, "cpu")
+    batch = recipe.batch(seqs, [0, 1, 2, 3], 0, "cpu")
+    losses, dtypes = {}, []
+    hook = recipe.module.head.lm_head.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    for dt in ("float32", "bfloat16"):
+        with torch.no_grad(), step_precision(dt, "cpu"):
+            total, count, _ = recipe.loss(recipe.module, batch)
+        losses[dt] = float(total / count)
+    hook.remove()
+    assert dtypes == [torch.float32] * 3 + [torch.bfloat16] * 3  # 3 TTT steps each
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)
+    out = train(cfg, model=model, progress=False)
+    assert out["eval"][-1]["loss"] < out["eval"][0]["loss"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "bf16" / "checkpoint" / "head.safetensors"))
+    assert saved and all(v.dtype == torch.float32 for v in saved.values() if v.is_floating_point())  # master weights

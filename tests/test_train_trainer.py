@@ -377,3 +377,63 @@ def test_batch_order_grouped_by_length():
     assert padding(grouped) < 0.25 * padding(plain)
     firsts = [min(lengths[i] for i in b) for b in grouped]
     assert firsts != sorted(firsts)  # the batches themselves are shuffled, not sorted by length
+
+
+def test_train_dtype_choices_and_autocast(monkeypatch):
+    """train_dtype: a bad value is a config error; bfloat16 (and auto where bf16 is native) runs the
+    step's products in bf16, float32 (and auto elsewhere) leaves them alone."""
+    from eagle.config import ConfigError
+    from eagle.train.common import full_precision, step_precision
+
+    with pytest.raises(ConfigError, match="train_dtype must be one of float32, bfloat16, auto, got 'bf16'"):
+        TrainConfig(train_dtype="bf16").validate()
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with step_precision("bfloat16", "cpu"):
+        assert (a @ b).dtype == torch.bfloat16
+        with full_precision("cpu"):
+            assert (a @ b).dtype == torch.float32
+    with step_precision("float32", "cpu"):
+        assert (a @ b).dtype == torch.float32
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    with step_precision("auto", "cpu"):
+        assert (a @ b).dtype == torch.bfloat16
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
+    with step_precision("auto", "cpu"):
+        assert (a @ b).dtype == torch.float32
+
+
+def test_bf16_loss_keeps_the_target_exact_and_close(model):
+    """Under bf16 autocast the head's products run in bf16, its loss stays within ~2% of float32's,
+    and the target's distribution (the labels) is computed in float32 exactly as without autocast."""
+    from eagle.train import trainer
+    from eagle.train.common import step_precision
+
+    torch.manual_seed(0)
+    head = DraftHead.for_target(model, None)
+    feats, ids, weight, lengths = _fixed_batch(model)
+    lm_w = head.lm_weight(model.get_output_embeddings()).float()
+    seen = []
+    real = torch.log_softmax
+
+    def spy(x, dim):  # the first log_softmax of head_loss is the target's
+        seen.append(x.detach().clone())
+        return real(x, dim=dim)
+
+    losses = {}
+    for dt in ("float32", "bfloat16"):
+        out_dtypes = []
+        hook = head.fc.register_forward_hook(lambda m, i, o: out_dtypes.append(o.dtype))
+        try:
+            trainer.torch.log_softmax = spy
+            with torch.no_grad(), step_precision(dt, "cpu"):
+                loss, _ = head_loss(head.eval(), model.get_input_embeddings(), lm_w, feats, ids, weight,
+                                    torch.zeros_like(feats[:, :-1]), lengths, 0.1, 1)
+        finally:
+            trainer.torch.log_softmax = real
+            hook.remove()
+        assert out_dtypes == [torch.float32 if dt == "float32" else torch.bfloat16]
+        losses[dt] = float(loss)
+    # seen: [target fp32, head fp32, target under bf16, head under bf16]
+    assert seen[2].dtype == torch.float32 and torch.equal(seen[0], seen[2])
+    assert seen[3].dtype == torch.float32 and not torch.equal(seen[1], seen[3])
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from ..config import DTYPES, ConfigError, from_dict, read_yaml
 from ..io import existing_dir, replace_dir
 
-__all__ = ["check_optimization", "load_yaml_config", "causal_mask", "Run", "cosine_lr", "heldout_split", "batch_order",
+__all__ = ["check_optimization", "step_precision", "full_precision", "load_yaml_config", "causal_mask", "Run", "cosine_lr", "heldout_split", "batch_order",
            "RESUMABLE_CHANGES", "load_resume_state", "save_checkpoint"]
 
 
@@ -35,6 +35,21 @@ def check_optimization(cfg, positive: tuple[str, ...]) -> None:
         raise ConfigError(f"export_dtype must be float32, float16 or bfloat16, got '{cfg.export_dtype}'")
     if not 0 <= cfg.heldout_fraction < 1:
         raise ConfigError("heldout_fraction must be in [0, 1)")
+
+
+def step_precision(train_dtype: str, device):
+    """The autocast context of a training step in ``train_dtype`` (float32 | bfloat16 | auto, see
+    ``TrainConfig.train_dtype``): bf16 matrix products over float32 weights, or nothing."""
+    from ..runtime import native_bf16
+
+    device = torch.device(device)
+    bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16(device))
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def full_precision(device):
+    """Inside :func:`step_precision`: products in the tensors' own precision (the target's distributions)."""
+    return torch.autocast(torch.device(device).type, enabled=False)
 
 
 def load_yaml_config(cls, path: str | Path):

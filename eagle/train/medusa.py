@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..heads.medusa import MedusaConfig, MedusaHeads, save_medusa
+from .common import full_precision
 from .data import Sequence
 from .trainer import Recipe, draft_vocabulary
 
@@ -59,7 +60,7 @@ def medusa_loss(module, lm_w: torch.Tensor, feats: torch.Tensor, src: torch.Tens
     ``lm_w (Vd, H)``: the target LM head's draft-vocabulary rows (the labels, and the heads' LM head
     when ``shared``). ``full_top (M,)``: the target's full-vocabulary top-1 at the ``tgt`` positions;
     when given, hits are counted against it (``draft_vocab`` maps draft ids to target ids)."""
-    with torch.no_grad():
+    with torch.no_grad(), full_precision(feats.device):  # the target's distribution, exact under autocast
         tgt_logp = torch.log_softmax(feats[tgt] @ lm_w.T, dim=-1)  # (M, Vd)
         tgt_p, tgt_top = tgt_logp.exp(), tgt_logp.argmax(-1)
     logits = module(feats[src], lm_w if shared else None)  # (N, K, Vd)

@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..heads import DraftHead, HeadConfig, save_head
-from .common import (Run, batch_order, causal_mask, check_optimization, cosine_lr, heldout_split, load_resume_state,
-                     load_yaml_config, save_checkpoint)
+from .common import (Run, batch_order, causal_mask, check_optimization, cosine_lr, full_precision, heldout_split,
+                     load_resume_state, load_yaml_config, save_checkpoint, step_precision)
 from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records, token_counts
 
 __all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss", "training_prompts", "Recipe",
@@ -28,6 +28,7 @@ __all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss"
 
 HEAD_TYPES = ("eagle", "eagle3", "medusa")
 GEN_DTYPES = ("", "auto", "float32", "bfloat16", "float16")
+TRAIN_DTYPES = ("float32", "bfloat16", "auto")
 
 
 @dataclass
@@ -92,6 +93,11 @@ class TrainConfig:
     eval_every: int = 200
     checkpoint_every: int = 100
     max_steps: int = 0  # 0 = derived from epochs
+    # precision of the training step's products: float32 | bfloat16 (autocast: bf16 matrix products,
+    # float32 weights, optimizer, softmax and loss) | auto = bfloat16 where its products are native
+    # (eagle.runtime.native_bf16), else float32. The target's distributions stay float32 either way.
+    # Measured in docs/results.md ("Training in bfloat16")
+    train_dtype: str = "float32"
     seed: int = 0
     out_dir: str = "runs/smollm2-head"
     export: str = "heads/smollm2-135m"
@@ -114,6 +120,8 @@ class TrainConfig:
             raise ConfigError("head: medusa trains on the stored features: it needs extraction: offline")
         if self.gen_dtype not in GEN_DTYPES:
             raise ConfigError(f"gen_dtype must be one of {', '.join(repr(d) for d in GEN_DTYPES)}, got '{self.gen_dtype}'")
+        if self.train_dtype not in TRAIN_DTYPES:
+            raise ConfigError(f"train_dtype must be one of {', '.join(TRAIN_DTYPES)}, got '{self.train_dtype}'")
         if self.extraction not in ("offline", "online"):
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
         if self.ttt_steps < 1 or not 0 < self.ttt_decay <= 1:
@@ -153,8 +161,8 @@ def head_loss(head: DraftHead, embed: torch.nn.Module, lm_w: torch.Tensor, feats
     pos = torch.arange(T1, device=feats.device)[None].expand(len(lengths), -1)
     mask = causal_mask([max(n - 1, 1) for n in lengths], T1, feats.device)
     sel = weight > 0  # (B, T-1): only these pairs pay for the (N, Vd) LM-head products
-    with torch.no_grad():
-        tgt_logp = torch.log_softmax(f_tgt[sel] @ lm_w.T, dim=-1)  # (N, Vd) target distribution
+    with torch.no_grad(), full_precision(feats.device):  # the target's distribution, exact
+        tgt_logp = torch.log_softmax(f_tgt[sel].float() @ lm_w.float().T, dim=-1)  # (N, Vd) target distribution
         tgt_p, tgt_top = tgt_logp.exp(), tgt_logp.argmax(-1)
     total = feats.new_zeros(())
     accs = []
@@ -162,8 +170,8 @@ def head_loss(head: DraftHead, embed: torch.nn.Module, lm_w: torch.Tensor, feats
     for step in range(unroll):
         pred = head(inp, tok, pos, mask)  # (B, T-1, H)
         p_sel = pred[sel]  # (N, H)
-        reg = F.smooth_l1_loss(p_sel, f_tgt[sel], reduction="none").mean(-1)  # (N,)
-        logq = torch.log_softmax(p_sel @ lm_w.T, dim=-1)  # (N, Vd)
+        reg = F.smooth_l1_loss(p_sel.float(), f_tgt[sel], reduction="none").mean(-1)  # (N,)
+        logq = torch.log_softmax((p_sel @ lm_w.T).float(), dim=-1)  # (N, Vd); float32 under autocast
         ce = -(tgt_p * logq).sum(-1)  # (N,)
         total = total + (reg + cls_weight * ce).sum() / unroll
         accs.append((logq.argmax(-1) == tgt_top).float().sum().detach())
@@ -224,7 +232,8 @@ def _evaluate(recipe: "Recipe", data, cfg, run) -> dict:
         for i in range(0, len(data), cfg.batch_size):
             chunk = data[i: i + cfg.batch_size]
             batch = recipe.batch(chunk, list(range(i, i + len(chunk))), 0, run.device, train=False)
-            l, cnt, a = recipe.loss(recipe.module, batch)
+            with step_precision(cfg.train_dtype, run.device):
+                l, cnt, a = recipe.loss(recipe.module, batch)
             loss += l.detach().cpu(); n += cnt.cpu()
             a = torch.stack(a).cpu()
             accs = a if accs is None else accs + a
@@ -435,7 +444,8 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
         batch_idx = order[epoch][b]
         mine = batch_idx[run.rank:: run.world]  # this process's share of the global batch
         batch = recipe.batch([train_set[i] for i in mine], mine, step, run.device)
-        loss_sum, count, accs = recipe.loss(model_ddp, batch)
+        with step_precision(cfg.train_dtype, run.device):  # backward runs in the forward's precisions
+            loss_sum, count, accs = recipe.loss(model_ddp, batch)
         n_global = run.all_sum(count.cpu())
         # DDP averages gradients over processes: scale so the result is the global per-token mean
         loss = loss_sum * run.world / n_global.clamp(min=1).to(loss_sum.device)
