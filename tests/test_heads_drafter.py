@@ -260,3 +260,30 @@ def test_float32_drafting_through_the_small_row_kernel(monkeypatch):
     for a, b in zip(trees[:n], trees[n:]):
         assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8),
+                                   TreeShape(shape="static", choices=STATIC, top_k=2)], ids=["dynamic", "static"])
+def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
+    """With compiled steps the head's tree levels are compiled too: padded to ``level_rows`` and
+    attending over the whole cache buffer, they give the same head cache and draft scores as the
+    head run pair by pair (CheckedDrafter), the same tokens as the eager drafter, one graph per
+    (rows, capacity) reused across levels and steps, and no graph break."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=4)
+    dr = CheckedDrafter(target, head, shape)
+    dr.compiled = True  # as with runtime.compile (the target's own compiled steps are tested in test_target.py)
+    prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(5))
+    out = TreeDecoder(target, dr).generate(prompt, 20)
+    assert dr.checked == out.stats.target_forwards > 3
+    eager = TreeDecoder(target, EagleDrafter(target, head, shape)).generate(prompt, 20)
+    assert out.tokens == eager.tokens == TreeDecoder(target).generate(prompt, 20).tokens
+    rows = {r for r, _ in dr.compile_s}
+    assert rows == {3} if shape.shape == "dynamic" else rows <= {2, 4}  # top_k, or the next power of two
+    assert len(dr._levels) == len(dr.compile_s)  # compiled once per (rows, capacity), then reused
+    assert not torch._dynamo.utils.counters["graph_break"]

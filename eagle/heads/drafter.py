@@ -13,10 +13,17 @@ Drafts only propose; the verifier still checks every token against the target in
 so this changes speed and acceptance, never the output. In float32 on the CPU the head's linear
 layers run through the small-row kernel (``kernels/cpu_gemm.py``, on a copy sharing the head's
 weights) where a measurement at construction finds it faster.
+
+With a compiled target (``runtime.compile``) the head's tree levels are compiled too: a level's
+new nodes are padded to a fixed row count (``level_rows``, a power of two >= ``top_k``) and attend
+over the whole cache buffer under a dense mask (committed slots + their ancestors' slots), so every
+level of every step is the same graph (one per row count and cache capacity); padding rows write
+their keys past the level's nodes, where the next level writes its own.
 """
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
@@ -62,6 +69,9 @@ class EagleDrafter(Drafter):
             from ..target import register_tree_attention
 
             head.layer_config._attn_implementation = register_tree_attention()
+        self.compiled = target.compiled  # compile the tree levels with the target's steps
+        self._levels: dict = {}  # (rows, cache capacity) -> compiled level
+        self.compile_s: dict[tuple[int, int], float] = {}  # (rows, capacity) -> seconds of its first call
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
@@ -88,6 +98,61 @@ class EagleDrafter(Drafter):
         out = self.head(feats[None].to(self.dtype), emb, pos[None], mask[None, None], cache=self.cache,
                         cache_slots=slots, cache_kv_len=S, **extra)
         return out[0]
+
+    def level_rows(self, n: int) -> int:
+        """Rows a compiled level of ``n`` new nodes is padded to: ``top_k``, or the next power of two."""
+        rows = max(1, self.shape.top_k)
+        while rows < n:
+            rows *= 2
+        return rows
+
+    def _level_fixed(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, committed: int,
+                     tree_cols: torch.Tensor) -> torch.Tensor:
+        """The compiled form of a tree level (same result as :meth:`_forward`): ``feats (n, H)``,
+        ``toks (n,)``, ``pos (n,)``, ``tree_cols (n, S + n)`` (the ancestors among the S earlier tree
+        entries, and self) -> ``(n, H)``. The n nodes go to slots ``committed + S ..``."""
+        n, width = tree_cols.shape
+        rows, dev = self.level_rows(n), toks.device
+        start = committed + width - n  # the level's first slot
+        self.cache.reserve(start + rows)
+        C = self.cache.capacity
+        allowed = torch.zeros(rows, C, dtype=torch.bool, device=dev)  # (rows, C) the whole buffer
+        allowed[:, :committed] = True  # padding rows too: no row without a key (no NaN)
+        allowed[:n, committed: committed + width] = tree_cols
+        pad = rows - n
+        feats = torch.cat([feats, feats[:1].expand(pad, -1)]) if pad else feats  # (rows, H)
+        toks = torch.cat([toks, toks[:1].expand(pad)]) if pad else toks  # (rows,)
+        pos = torch.cat([pos, pos[:1].expand(pad)]) if pad else pos  # (rows,)
+        slots = torch.arange(start, start + rows, device=dev)  # (rows,) padding: past the level's nodes
+        emb = self.target.embed(toks)[None].to(self.dtype)  # (1, rows, H)
+        out = self._level_step(rows, C)(feats[None].to(self.dtype), emb, pos[None], allowed[None, None], slots,
+                                        self.cache)
+        return out[0, :n]
+
+    def _level_step(self, rows: int, capacity: int):
+        """The compiled head forward of a ``rows``-row level over a ``capacity``-slot cache."""
+        key = (rows, capacity)
+        if key in self._levels:
+            return self._levels[key]
+        from ..target import _inductor_cache_dir
+
+        _inductor_cache_dir()
+        mode = "reduce-overhead" if self.target.device.type == "cuda" else None
+        head = self.head
+
+        def level(feats, emb, pos, mask, slots, cache):  # the whole buffer: no cache_kv_len
+            return head(feats, emb, pos, mask, cache=cache, cache_slots=slots)
+
+        compiled = torch.compile(level, dynamic=False, mode=mode)
+
+        def first_call(*args):
+            t0 = time.perf_counter()
+            out = compiled(*args)
+            self.compile_s[key] = time.perf_counter() - t0
+            self._levels[key] = compiled
+            return out
+
+        return first_call
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids)."""
@@ -141,7 +206,10 @@ class EagleDrafter(Drafter):
                 mask = torch.cat([torch.ones(F, committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
                 pos = committed - 1 + torch.tensor(d_new, device=dev)  # (F,)
                 f_in = feats[torch.tensor([row(p) for p in par], device=dev)]  # (F, H)
-                out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask, tree_cols)
+                if self.compiled:
+                    out = self._level_fixed(f_in, tree.tokens[new].to(dev), pos, committed, tree_cols)
+                else:
+                    out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask, tree_cols)
                 feats = torch.cat([feats, out])
             return self._logits(feats[torch.tensor([row(n) for n in nodes], device=dev)])
 
