@@ -101,7 +101,7 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     # warm-up so no method pays first-call costs (compilation included) inside the timing
     for dec in [plain_dec] + [dec for name, dec in decoders.items() if todo(name)]:
         dec.generate(encoded[0], min(8, max_new_tokens))
-    result["compile_s"] = {name: dict(dec.target.compile_s) for name, dec in decoders.items() if dec.target.compile_s}
+    result["compile_s"] = {name: compile_times(dec) for name, dec in decoders.items() if compile_times(dec)}
     if on_compiled and result["compile_s"]:
         on_compiled(result["compile_s"])
     if todo("hf generate"):
@@ -200,9 +200,18 @@ def _summarize(result: dict, runs: dict, configs, models: dict, encoded, tempera
         result["runs"].append(entry)
 
 
+def compile_times(dec) -> dict[str, float]:
+    """Seconds of each compiled graph's first call in a decoder: the target's buckets and, with an
+    EAGLE drafter, its tree levels (empty when nothing was compiled)."""
+    out = {f"{b} nodes": t for b, t in sorted(dec.target.compile_s.items())}
+    for (rows, cap), t in sorted(getattr(dec.drafter, "compile_s", {}).items()):
+        out[f"draft level {rows} rows x {cap} slots"] = t
+    return out
+
+
 def format_compile(compile_s: dict) -> str:
-    """One line per config: the seconds each bucket's first (compiling) call took."""
-    return "\n".join(f"compiled {name}: " + ", ".join(f"{b} nodes {t:.1f} s" for b, t in sorted(per.items()))
+    """One line per config: the seconds each compiled graph's first call took."""
+    return "\n".join(f"compiled {name}: " + ", ".join(f"{what} {t:.1f} s" for what, t in per.items())
                      + f" (total {sum(per.values()):.1f} s; cached under $EAGLE_CACHE/inductor for the next process)"
                      for name, per in compile_s.items())
 

@@ -195,10 +195,10 @@ def _generate(args) -> None:
 
     if args.compare or dec.target.runtime.compile:  # first-call costs (compilation) outside the timing
         dec.generate(ids, 4)
-    if dec.target.compile_s:
-        from .bench import format_compile
+    from .bench import compile_times, format_compile
 
-        print(format_compile({config.name: dec.target.compile_s}), file=sys.stderr)
+    if compile_times(dec):
+        print(format_compile({config.name: compile_times(dec)}), file=sys.stderr)
     out, dt = timed(dec, stream)  # the answer, streamed
     st = out.stats
     line = (f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {st.new_tokens / dt:.1f} "

@@ -279,7 +279,8 @@ def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
     dr = CheckedDrafter(target, head, shape)
     dr.compiled = True  # as with runtime.compile (the target's own compiled steps are tested in test_target.py)
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(5))
-    out = TreeDecoder(target, dr).generate(prompt, 20)
+    dec = TreeDecoder(target, dr)
+    out = dec.generate(prompt, 20)
     assert dr.checked == out.stats.target_forwards > 3
     eager = TreeDecoder(target, EagleDrafter(target, head, shape)).generate(prompt, 20)
     assert out.tokens == eager.tokens == TreeDecoder(target).generate(prompt, 20).tokens
@@ -287,3 +288,8 @@ def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
     assert rows == {3} if shape.shape == "dynamic" else rows <= {2, 4}  # top_k, or the next power of two
     assert len(dr._levels) == len(dr.compile_s)  # compiled once per (rows, capacity), then reused
     assert not torch._dynamo.utils.counters["graph_break"]
+    from eagle.bench import compile_times, format_compile
+
+    times = compile_times(dec)  # what eagle bench / eagle generate print
+    assert list(times) == [f"draft level {r} rows x {c} slots" for r, c in sorted(dr.compile_s)]
+    assert format_compile({"x": times}).startswith("compiled x: draft level ")
