@@ -77,14 +77,14 @@ def test_unrolled_batch_equals_stepwise_loop(model, data, tmp_path):
     with torch.no_grad():
         for p in head.parameters():  # away from the init, so every part matters
             p.add_(torch.randn_like(p) * 0.05)
-    fused, tok_emb, target_logp, weight = recipe.batch(seqs, [0, 1, 2], 0, "cpu")
+    fused, tok_emb, target_p, weight = recipe.batch(seqs, [0, 1, 2], 0, "cpu")
     # the batched computation, with the per-step logits captured
     captured = []
     real_lm = head.lm_head.forward
     head.lm_head.forward = lambda x: captured.append(x.detach().clone()) or real_lm(x)
     try:
         with torch.no_grad():
-            recipe.module(fused, tok_emb, target_logp, weight)
+            recipe.module(fused, tok_emb, target_p, weight)
     finally:
         head.lm_head.forward = real_lm
     T = fused.shape[1]
@@ -170,3 +170,39 @@ def test_bf16_training_runs_its_products_in_bf16_and_learns(model, data, tmp_pat
 
     saved = load_file(str(tmp_path / "bf16" / "checkpoint" / "head.safetensors"))
     assert saved and all(v.dtype == torch.float32 for v in saved.values() if v.is_floating_point())  # master weights
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_structured_ttt_attention_equals_the_masked_reference(arch):
+    """ttt_attention (causal scores against step 0 + one dot product per later step) == SDPA under
+    the explicit ttt_mask: the same loss, hits and gradients on random inputs and a random head
+    (grouped-query heads included: the tiny models have fewer key heads than query heads)."""
+    import copy
+
+    from conftest import make_tiny_head_target
+
+    model = make_tiny_head_target(arch)
+    torch.manual_seed(1)
+    head = Eagle3Head.for_target(model, torch.arange(40) * 2, [0, 1, 2]).float()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tcfg = model.config.get_text_config(decoder=True)
+    assert tcfg.num_key_value_heads < tcfg.num_attention_heads
+    B, T, s, H = 3, 11, 4, tcfg.hidden_size
+    fused = torch.randn(B, T, 3 * H)
+    tok_emb = torch.randn(B, T + s, H)
+    target_p = torch.softmax(torch.randn(B, T + s, 40) * 3, -1)
+    weight = (torch.rand(B, T + s) > 0.2).float()
+    results = []
+    for structured in (True, False):
+        m = Eagle3TTT(copy.deepcopy(head), s, 0.8, structured=structured)
+        total, hits = m(fused, tok_emb, target_p, weight)
+        total.backward()
+        results.append((total.detach(), torch.stack(hits), {n: p.grad for n, p in m.named_parameters()}))
+    (a, ha, ga), (b, hb, gb) = results
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ha, hb)
+    for n in ga:
+        scale = float(gb[n].abs().max())  # float32 sums in another order: rounding relative to the largest entry
+        torch.testing.assert_close(ga[n], gb[n], rtol=1e-4, atol=1e-5 * scale, msg=lambda m: f"{n}: {m}")

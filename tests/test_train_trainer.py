@@ -437,3 +437,4 @@ def test_bf16_loss_keeps_the_target_exact_and_close(model):
     assert seen[2].dtype == torch.float32 and torch.equal(seen[0], seen[2])
     assert seen[3].dtype == torch.float32 and not torch.equal(seen[1], seen[3])
     assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)
+

@@ -11,7 +11,9 @@ One batched computation per step: the queries of step j (all positions at once, 
 i + j) attend to the step-0 keys of positions <= i (the true prefix) and to the keys of steps
 1..j at position i only (their own earlier drafts): keys ``[step 0 | step 1 | ... | step j]``,
 mask ``[causal | diagonal | ... | diagonal]``. :func:`ttt_mask` builds it; a test checks the whole
-against a step-by-step loop that feeds the head its own outputs.
+against a step-by-step loop that feeds the head its own outputs. :func:`ttt_attention` computes
+the same attention from that structure instead of a mask: the causal scores against step 0's
+keys plus one dot product per later step (``T + j`` scores per query instead of ``(j + 1) T``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from .data import Sequence
 from .trainer import Recipe, TrainConfig, draft_vocabulary
 
-__all__ = ["Eagle3Recipe", "Eagle3TTT", "ttt_mask"]
+__all__ = ["Eagle3Recipe", "Eagle3TTT", "ttt_mask", "ttt_attention", "TTT_ATTENTION"]
+
+TTT_ATTENTION = "eagle_ttt"  # the attention backend name the training module's head runs with
 
 
 def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
@@ -36,20 +40,66 @@ def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
     return torch.cat([causal] + [eye] * step, dim=1)
 
 
+def ttt_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, ttt_blocks=None,
+                  **kwargs):
+    """The training-time test's attention without its mask (an attention backend for transformers'
+    ``AttentionInterface``): ``query (B, Hq, T, D)`` of step ``j = ttt_blocks - 1``, ``key/value
+    (B, Hkv, (j+1) T, D)`` = ``[step 0 | ... | step j]``. Query i sees step 0's keys 0..i and key
+    i of every later step, exactly what :func:`ttt_mask` allows. Without ``ttt_blocks`` (any other
+    call of the head) it is transformers' SDPA with the mask given. Returns ``(B, T, Hq, D)``."""
+    if ttt_blocks is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    B, Hq, T, D = query.shape
+    Hkv, j = key.shape[1], ttt_blocks - 1
+    scale = scaling if scaling is not None else D ** -0.5
+    q = query.reshape(B, Hkv, Hq // Hkv, T, D)  # (B, Hkv, G, T, D): grouped-query heads share a key head
+    k0, v0 = key[:, :, :T], value[:, :, :T]  # (B, Hkv, T, D) step 0: the true prefix
+    causal = torch.einsum("bhgtd,bhsd->bhgts", q, k0).float() * scale  # (B, Hkv, G, T, T)
+    causal = causal.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    scores = [causal]
+    if j:
+        kd = key[:, :, T:].reshape(B, Hkv, j, T, D)  # (B, Hkv, j, T, D) steps 1..j, position by position
+        vd = value[:, :, T:].reshape(B, Hkv, j, T, D)
+        scores.append(torch.einsum("bhgtd,bhjtd->bhgtj", q, kd).float() * scale)  # (B, Hkv, G, T, j)
+    p = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(value.dtype)  # (B, Hkv, G, T, T + j)
+    out = torch.einsum("bhgts,bhsd->bhgtd", p[..., :T], v0)  # (B, Hkv, G, T, D)
+    if j:
+        out = out + torch.einsum("bhgtj,bhjtd->bhgtd", p[..., T:], vd)
+    return out.reshape(B, Hq, T, D).transpose(1, 2).contiguous(), None
+
+
+def _register_ttt_attention() -> str:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if TTT_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(TTT_ATTENTION, ttt_attention)
+        AttentionMaskInterface.register(TTT_ATTENTION, sdpa_mask)
+    return TTT_ATTENTION
+
+
 class Eagle3TTT(nn.Module):
-    """The head plus its training-time-test loss, as one module (so that DDP sees one forward)."""
+    """The head plus its training-time-test loss, as one module (so that DDP sees one forward).
 
-    def __init__(self, head: Eagle3Head, steps: int, decay: float):
+    ``structured``: the head's attention runs as :func:`ttt_attention` (from the TTT structure);
+    False: SDPA under the explicit :func:`ttt_mask` (the reference; same results)."""
+
+    def __init__(self, head: Eagle3Head, steps: int, decay: float, structured: bool = True):
         super().__init__()
-        self.head, self.steps, self.decay = head, steps, decay
+        self.head, self.steps, self.decay, self.structured = head, steps, decay, structured
+        if structured:  # falls back to SDPA for every call without ttt_blocks (drafting, evaluation loops)
+            head.layer_config._attn_implementation = _register_ttt_attention()
 
-    def forward(self, fused: torch.Tensor, tok_emb: torch.Tensor, target_logp: torch.Tensor, weight: torch.Tensor):
+    def forward(self, fused: torch.Tensor, tok_emb: torch.Tensor, target_p: torch.Tensor, weight: torch.Tensor):
         """Summed loss and per-step top-1 hits of a padded batch.
 
         Args:
             fused: ``(B, T, k*H)`` target layers at positions 0..T-1 (the pairs' features).
             tok_emb: ``(B, T + steps, H)`` embeddings of x_1 .. x_{T+steps} (zeros past the end).
-            target_logp: ``(B, T + steps, Vd)`` log p_{i+1} for i = 0.. (the target's draft-vocabulary
+            target_p: ``(B, T + steps, Vd)`` p_{i+1} for i = 0.. (the target's draft-vocabulary
                 distribution of the token after x_{i+1}); only rows with weight are ever read.
             weight: ``(B, T + steps)`` 1 where the target of that row counts, else 0.
         """
@@ -61,13 +111,16 @@ class Eagle3TTT(nn.Module):
         hits = []
         for j in range(self.steps):
             pos = (torch.arange(T, device=dev) + j)[None].expand(B, -1)  # (B, T) RoPE position i + j
-            mask = ttt_mask(T, j, dev)[None, None].expand(B, 1, T, (j + 1) * T)
-            out = self.head(h, tok_emb[:, j: j + T], pos, mask, cache=cache)  # (B, T, H)
+            if self.structured:
+                mask, extra = None, {"ttt_blocks": j + 1}
+            else:
+                mask, extra = ttt_mask(T, j, dev)[None, None].expand(B, 1, T, (j + 1) * T), {}
+            out = self.head(h, tok_emb[:, j: j + T], pos, mask, cache=cache, **extra)  # (B, T, H)
             w = weight[:, j: j + T]  # (B, T)
             sel = w > 0
             logq = torch.log_softmax(self.head.lm_head(self.head.norm(out[sel])).float(), dim=-1)  # (N, Vd)
-            tgt = target_logp[:, j: j + T][sel]  # (N, Vd)
-            ce = -(tgt.exp() * logq).sum(-1)  # (N,)
+            tgt = target_p[:, j: j + T][sel]  # (N, Vd)
+            ce = -(tgt * logq).sum(-1)  # (N,)
             total = total + (self.decay ** j) * (ce * w[sel]).sum()
             hits.append(((logq.argmax(-1) == tgt.argmax(-1)).float() * w[sel]).sum().detach())
             h = out  # the next step reads the head's own outputs
@@ -102,7 +155,7 @@ class Eagle3Recipe(Recipe):
         self.in_draft[self.draft_ids] = True
 
     def batch(self, seqs, idx, step, device, train=True):
-        """``(fused (B, T, k*H), tok_emb (B, T+s, H), target_logp (B, T+s, Vd), weight (B, T+s))``:
+        """``(fused (B, T, k*H), tok_emb (B, T+s, H), target_p (B, T+s, Vd), weight (B, T+s))``:
         pair i = (layers at position i, token x_{i+1}) for i < n - 1 (n = sequence length, at most
         ``max_seq_len``); its step-0 target is p_{i+1}. A row counts when it predicts an answer token
         (or any token with ``train_on_prompt``) that is in the draft vocabulary."""
@@ -126,8 +179,8 @@ class Eagle3Recipe(Recipe):
             weight[b, : n - 2] *= self.in_draft[ids[b, 2:n]].float()
         with torch.no_grad():
             tok_emb = self.embed(ids[:, 1:].to(self.embed.weight.device)).float()  # (B, T+s, H): x_1 ..
-            target_logp = torch.log_softmax(final[:, 1:] @ self.target_w.cpu().T, dim=-1)  # (B, T+s, Vd): p_1 ..
-        return fused.to(device), tok_emb.to(device), target_logp.to(device), weight.to(device)
+            target_p = torch.softmax(final[:, 1:] @ self.target_w.cpu().T, dim=-1)  # (B, T+s, Vd): p_1 ..
+        return fused.to(device), tok_emb.to(device), target_p.to(device), weight.to(device)
 
     def loss(self, module, batch):
         total, hits = module(*batch)
