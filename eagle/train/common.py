@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from ..config import DTYPES, ConfigError, from_dict, read_yaml
 from ..io import existing_dir, replace_dir
 
-__all__ = ["check_optimization", "step_precision", "full_precision", "load_yaml_config", "causal_mask", "Run", "cosine_lr", "heldout_split", "batch_order",
-           "RESUMABLE_CHANGES", "load_resume_state", "save_checkpoint"]
+__all__ = ["check_optimization", "step_precision", "full_precision", "load_yaml_config", "causal_mask", "Run",
+           "cosine_lr", "heldout_split", "batch_order", "RESUMABLE_CHANGES", "load_resume_state", "save_checkpoint"]
 
 
 def check_optimization(cfg, positive: tuple[str, ...]) -> None:
