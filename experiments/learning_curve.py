@@ -759,8 +759,13 @@ def _main(argv: list[str] | None) -> int:
     cells, notes = plan_cells(heads, budgets, manifests, Path(args.work).expanduser(), suffix)
     for n in notes:
         print(f"note: {n}", flush=True)
-    print(f"{len(cells)} cells: " + (", ".join(f"{c.key} ({c.data_tokens:,} tokens, {c.shards} shards)" for c in cells)
-                                     or "none"), flush=True)
+    own = args.epochs is None and args.max_steps is None  # whole-data cells are then the configs' own runs
+
+    def describe(c):
+        mine = ", the config's own run" if c.whole and own else ""
+        return f"{c.key} ({c.data_tokens:,} tokens, {c.shards} shards{mine})"
+
+    print(f"{len(cells)} cells: " + (", ".join(describe(c) for c in cells) or "none"), flush=True)
     if args.plan or not cells:
         if not cells and not args.plan:
             print("nothing to run (no budget fits the data); the outputs are rewritten from results.json")

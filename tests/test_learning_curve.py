@@ -234,7 +234,7 @@ def test_main_plan_and_errors(tmp_path, capsys, monkeypatch):
     assert lc.main(["--heads", "eagle", "--budgets", "250,1k,all", "--plan", "--work", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
     assert "note: skip eagle-1000: the data holds 600 tokens" in out
-    assert "2 cells: eagle-250 (300 tokens, 1 shards), eagle-600 (600 tokens, 2 shards)" in out
+    assert "2 cells: eagle-250 (300 tokens, 1 shards), eagle-600 (600 tokens, 2 shards, the config's own run)" in out
 
     with pytest.raises(SystemExit) as e:
         lc.main(["--heads", "medusa2"])
