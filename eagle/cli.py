@@ -419,5 +419,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def run() -> int:
+    """The ``eagle`` command: :func:`main` under jemalloc where it is installed (eagle/allocator.py)."""
+    from .allocator import use_fast_allocator
+
+    use_fast_allocator()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
