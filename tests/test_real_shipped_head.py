@@ -40,8 +40,13 @@ def test_drafter_time_script_restores_the_drafter_state(smollm2):
     config = load_config(ROOT / "experiments/configs/eagle2-dynamic.yaml")
     for dtype in ("float32", "bfloat16"):
         cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=dtype))
-        times, trees = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=2)
-        assert len(times) == 2 and min(times) > 0 and len(trees) == 3
+        times, trees, compile_s = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=2)
+        assert len(times) == 2 and min(times) > 0 and len(trees) == 3 and compile_s == 0
         assert len(trees[0]) == config.tree.total_tokens + 1
         for t in trees[1:]:
             assert torch.equal(t.tokens, trees[0].tokens) and torch.equal(t.parents, trees[0].parents)
+        if dtype == "float32":  # --compiled-levels: the compiled tree levels draft the same tree
+            _, ctrees, compile_s = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=1,
+                                                     compiled=True)
+            assert compile_s > 0
+            assert torch.equal(ctrees[-1].tokens, trees[0].tokens) and torch.equal(ctrees[-1].parents, trees[0].parents)
