@@ -47,13 +47,24 @@ def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
     return tok, dep, anc
 
 
+def register_attention(name: str, fn) -> str:
+    """Register (once) the attention backend ``fn`` under ``name`` in transformers'
+    ``AttentionInterface``, with SDPA's masks; returns ``name`` (for ``_attn_implementation``)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
 def register_tree_attention() -> str:
     """Register (once) and return the ``eagle_tree`` attention backend: the tree-attention kernel
     for calls that carry a ``tree_mask`` (Triton on CUDA or under ``TRITON_INTERPRET=1``, its torch
     reference elsewhere), transformers' SDPA with its ordinary masks for everything else."""
-    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
 
     if _TREE_IMPL in AttentionInterface._global_mapping:
         return _TREE_IMPL
@@ -87,9 +98,7 @@ def register_tree_attention() -> str:
             out = tree_attention(query, key, value, tree_mask, scale=scaling)  # (B, Hq, T, D)
         return out.transpose(1, 2).contiguous(), None
 
-    AttentionInterface.register(_TREE_IMPL, eagle_tree_attention)
-    AttentionMaskInterface.register(_TREE_IMPL, sdpa_mask)
-    return _TREE_IMPL
+    return register_attention(_TREE_IMPL, eagle_tree_attention)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from ..config import ConfigError
 from ..heads import HeadConfig, save_head
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
+from ..target import register_attention
 from .data import Sequence
 from .trainer import Recipe, TrainConfig, draft_vocabulary
 
@@ -71,16 +72,6 @@ def ttt_attention(module, query, key, value, attention_mask, scaling=None, dropo
     return out.reshape(B, Hq, T, D).transpose(1, 2).contiguous(), None
 
 
-def _register_ttt_attention() -> str:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    if TTT_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(TTT_ATTENTION, ttt_attention)
-        AttentionMaskInterface.register(TTT_ATTENTION, sdpa_mask)
-    return TTT_ATTENTION
-
-
 class Eagle3TTT(nn.Module):
     """The head plus its training-time-test loss, as one module (so that DDP sees one forward).
 
@@ -91,7 +82,7 @@ class Eagle3TTT(nn.Module):
         super().__init__()
         self.head, self.steps, self.decay, self.structured = head, steps, decay, structured
         if structured:  # falls back to SDPA for every call without ttt_blocks (drafting, evaluation loops)
-            head.layer_config._attn_implementation = _register_ttt_attention()
+            head.layer_config._attn_implementation = register_attention(TTT_ATTENTION, ttt_attention)
 
     def forward(self, fused: torch.Tensor, tok_emb: torch.Tensor, target_p: torch.Tensor, weight: torch.Tensor):
         """Summed loss and per-step top-1 hits of a padded batch.
