@@ -27,7 +27,7 @@ __all__ = ["JEMALLOC_CONF", "find_jemalloc", "allocator_env", "use_fast_allocato
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 CHOICES = ("auto", "jemalloc", "system")
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-             "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/homebrew/lib")
+             "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 _MARK = "_EAGLE_ALLOCATOR_SET"  # set in the re-executed process: never twice
 
 
@@ -64,13 +64,14 @@ def allocator_env(environ: dict, lib: str | None) -> dict | None:
 def use_fast_allocator() -> None:
     """Re-execute this process's own command line under jemalloc when :func:`allocator_env` says so
     (it does not return then); otherwise return at once. Call it first thing in a command's entry."""
+    lib = find_jemalloc()
     try:
-        env = allocator_env(dict(os.environ), find_jemalloc())
+        env = allocator_env(dict(os.environ), lib)
     except ValueError as e:
         print(f"eagle: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if env is None:
-        if os.environ.get("EAGLE_ALLOCATOR") == "jemalloc" and find_jemalloc() is None:
+        if os.environ.get("EAGLE_ALLOCATOR") == "jemalloc" and lib is None:
             print("eagle: warning: EAGLE_ALLOCATOR=jemalloc but no libjemalloc was found (apt-get install "
                   "libjemalloc2); running with the system allocator", file=sys.stderr)
         return

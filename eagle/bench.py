@@ -101,7 +101,7 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     # warm-up so no method pays first-call costs (compilation included) inside the timing
     for dec in [plain_dec] + [dec for name, dec in decoders.items() if todo(name)]:
         dec.generate(encoded[0], min(8, max_new_tokens))
-    result["compile_s"] = {name: compile_times(dec) for name, dec in decoders.items() if compile_times(dec)}
+    result["compile_s"] = {name: t for name, dec in decoders.items() if (t := compile_times(dec))}
     if on_compiled and result["compile_s"]:
         on_compiled(result["compile_s"])
     if todo("hf generate"):

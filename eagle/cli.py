@@ -197,8 +197,8 @@ def _generate(args) -> None:
         dec.generate(ids, 4)
     from .bench import compile_times, format_compile
 
-    if compile_times(dec):
-        print(format_compile({config.name: compile_times(dec)}), file=sys.stderr)
+    if times := compile_times(dec):
+        print(format_compile({config.name: times}), file=sys.stderr)
     out, dt = timed(dec, stream)  # the answer, streamed
     st = out.stats
     line = (f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {st.new_tokens / dt:.1f} "

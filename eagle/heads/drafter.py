@@ -203,12 +203,12 @@ class EagleDrafter(Drafter):
                     slot[n] = len(depth)
                     depth.append(d)
                 tree_cols = tree_cols.to(dev)
-                mask = torch.cat([torch.ones(F, committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
                 pos = committed - 1 + torch.tensor(d_new, device=dev)  # (F,)
                 f_in = feats[torch.tensor([row(p) for p in par], device=dev)]  # (F, H)
-                if self.compiled:
+                if self.compiled:  # builds its own mask over the whole buffer
                     out = self._level_fixed(f_in, tree.tokens[new].to(dev), pos, committed, tree_cols)
                 else:
+                    mask = torch.cat([torch.ones(F, committed, dtype=torch.bool, device=dev), tree_cols], dim=1)
                     out = self._forward(f_in, tree.tokens[new].to(dev), pos, mask, tree_cols)
                 feats = torch.cat([feats, out])
             return self._logits(feats[torch.tensor([row(n) for n in nodes], device=dev)])
