@@ -41,14 +41,16 @@ The full curve (a later session; needs >= 2M tokens in ~/.cache/eagle/data/smoll
     .venv/bin/python experiments/learning_curve.py --report docs/learning_curve.md
 
 Expected cost on the 2-core CPU (run from the repository root; nothing else running): training
-dominates and grows with tokens x epochs. The EAGLE-2 recipe (6 epochs, unroll 3) measured ~50 min
-for ~500k tokens (1,086 steps, ~2.8 s/step), so ~25 + 50 + 100 + 200 min = ~6.3 h for its four
-budgets. An EAGLE-3 step (7 training-time-test steps) measured ~2.6x an EAGLE-2 step on the same
-machine (both timed side by side on a loaded CPU), but its recipe runs 2 epochs instead of 6: ~43 min
-per 500k tokens, ~5.4 h for its four budgets. Add ~4 min once for the fixed held-out set (200
-prompts self-distilled), ~1-3 min per cell to reload its data and evaluate, and a few minutes per
-cell of bench (plain decoding runs once for all cells). Plan for ~12-13 h in all, in as many resumed
-runs as needed (``timeout``/Ctrl-C stop cleanly; the same command continues).
+dominates and grows with tokens x epochs. Measured on the AMD EPYC machine with `train_dtype: auto`
+(bf16 there) under jemalloc (eagle/allocator.py): an EAGLE-2 step (unroll 3, 16 sequences) takes
+~1.1-1.4 s, an EAGLE-3 step (7 training-time-test steps) ~2.5-4 s. The EAGLE-2 recipe runs 6 epochs:
+~1,750 steps per 1M tokens, ~40 min; its all-data cell (2.77M tokens) is 4,836 steps, ~1.7 h, and
+its four cells ~3 h. The EAGLE-3 recipe runs 2 epochs: ~583 steps per 1M tokens, ~32 min; its
+all-data cell 1,612 steps (~1.5 h), its four cells ~2.5 h. Without jemalloc and bf16 (glibc, float32)
+steps are ~4-5x slower. Add ~4 min once for the fixed held-out set (200 prompts self-distilled),
+~1-3 min per cell to reload its data and evaluate, and ~2-3 min per cell of bench (plain decoding
+runs once for all cells). Everything resumes: ``timeout``/Ctrl-C/SIGTERM stop cleanly (the training
+loses at most the steps since its last checkpoint), and the same command continues.
 
 A quick look end to end (one cell of 2 steps: ~10 min on an idle 2-core CPU, ~30 min measured on
 one shared with other jobs):
