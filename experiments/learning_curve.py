@@ -398,7 +398,8 @@ def reading(state: dict) -> list[str]:
         g_all = (taus[2] - taus[0]) / doublings_all
         g_last = (taus[2] - taus[1]) / doublings_last
         se = math.hypot(b["bench"].get("tau_se", 0.0), c["bench"].get("tau_se", 0.0)) / doublings_last
-        last_gain[h] = (g_last, se, c)
+        top1_last = (d1[2] - d1[1]) / doublings_last  # depth-1 top-1 gain per doubling, last step
+        last_gain[h] = (g_last, se, c, top1_last)
         out.append(f"{name}: tau {taus[0]:.2f} -> {taus[2]:.2f} from {a['data_tokens']:,} to {c['data_tokens']:,} "
                    f"tokens ({g_all:+.2f} per doubling overall, {g_last:+.2f} ± {se:.2f} over the last step); "
                    f"top-1 at depth 1 on the fixed held-out set {d1[0]:.3f} -> {d1[2]:.3f} "
@@ -419,8 +420,9 @@ def reading(state: dict) -> list[str]:
             common = (h1, h2, gap)
     # the lever
     if last_gain:
-        best_h, (g, se, c) = max(last_gain.items(), key=lambda kv: kv[1][0])
+        best_h, (g, se, c, top1) = max(last_gain.items(), key=lambda kv: kv[1][0])
         name = HEAD_TITLES.get(best_h, best_h)
+        top1_h, (_, _, _, top1_best) = max(last_gain.items(), key=lambda kv: kv[1][3])
         if g > max(2 * se, 0.05):
             verdict = (f"More data is still a lever: the last doubling raised the {name}'s tau by {g:.2f} "
                        f"(more than twice its standard error), so the curve has not flattened at "
@@ -428,9 +430,15 @@ def reading(state: dict) -> list[str]:
             if common and common[2] > g:
                 verdict += (f" Switching to the {HEAD_TITLES.get(common[0], common[0])} is worth more than one more "
                             f"doubling ({common[2]:.2f} vs {g:.2f} tau).")
+        elif top1_best >= 0.01:  # tau's few prompts do not resolve it, the held-out set's top-1 does
+            verdict = (f"More data is still a lever, by the steadier signal: the last doubling raised the "
+                       f"{HEAD_TITLES.get(top1_h, top1_h)}'s depth-1 top-1 on the fixed held-out set by "
+                       f"{top1_best * 100:.1f} points, while the best tau gain ({g:+.2f} ± {se:.2f}, {name}) is "
+                       f"not resolved by the bench's few prompts (a bench on more prompts would settle it).")
         else:
             verdict = (f"More data of this kind is not the lever: the last doubling moved the best head's tau by "
-                       f"{g:+.2f}, within noise (±{se:.2f}) or under 0.05; the head (architecture, recipe, tree) is.")
+                       f"{g:+.2f}, within noise (±{se:.2f}) or under 0.05, and held-out top-1 by under a point; the "
+                       "head (architecture, recipe, tree) is.")
             if common and common[2] > max(2 * se, 0.05):
                 verdict += (f" The {HEAD_TITLES.get(common[0], common[0])} already gives {common[2]:.2f} tau more "
                             "on the same data.")

@@ -174,11 +174,23 @@ def test_table_plot_and_report_from_results(tmp_path):
 def test_reading_says_when_data_stops_paying(tmp_path):
     lc = _script()
     state = _finished_state(lc, tmp_path)
-    for r in state["cells"].values():  # flat curves: tau the same at every budget
+    for r in state["cells"].values():  # flat curves: tau and top-1 the same at every budget
         r["bench"]["tau"] = 3.0 if r["head"] == "eagle3" else 2.7
+        r["eval"]["fixed"]["acc"][0] = 0.6
     text = " ".join(lc.reading(state))
     assert "More data of this kind is not the lever" in text and "0.30 tau more" in text
     assert lc.reading({"cells": {}}) == ["No finished cells yet."]
+
+
+def test_reading_trusts_held_out_top1_when_tau_is_noise(tmp_path):
+    """tau flat within its noise but top-1 on the fixed held-out set still rising: data is a lever."""
+    lc = _script()
+    state = _finished_state(lc, tmp_path)
+    for r in state["cells"].values():
+        r["bench"]["tau"], r["bench"]["tau_se"] = 3.0 + 0.1 * (r["budget"] == 2000), 0.2  # +0.10 ± 0.28
+    text = " ".join(lc.reading(state))
+    assert "More data is still a lever, by the steadier signal" in text
+    assert "depth-1 top-1 on the fixed held-out set by 10.0 points" in text and "not the lever" not in text
 
 
 def test_decode_config_gets_the_trained_head(tmp_path):
