@@ -371,7 +371,8 @@ def plot(state: dict, path: str | Path, depths: int = 3) -> Path | None:
 def reading(state: dict) -> list[str]:
     """A few sentences on what the numbers say: per head the gain per doubling of the data (last
     step and overall) against tau's standard error, the gap between the heads at the largest
-    budget both have, and which lever that points to."""
+    budget both have, and which lever that points to (where tau's gain is inside its noise, the
+    depth-1 top-1 of the fixed held-out set decides)."""
     rows = done_cells(state)
     if not rows:
         return ["No finished cells yet."]
@@ -420,7 +421,7 @@ def reading(state: dict) -> list[str]:
             common = (h1, h2, gap)
     # the lever
     if last_gain:
-        best_h, (g, se, c, top1) = max(last_gain.items(), key=lambda kv: kv[1][0])
+        best_h, (g, se, c, _) = max(last_gain.items(), key=lambda kv: kv[1][0])
         name = HEAD_TITLES.get(best_h, best_h)
         top1_h, (_, _, _, top1_best) = max(last_gain.items(), key=lambda kv: kv[1][3])
         if g > max(2 * se, 0.05):
