@@ -80,3 +80,27 @@ def test_ablations_report_redraws_tables_and_plots_from_results(tmp_path):
     doc = rep.render([abl / "budget.yaml"], tmp_path / "results", tmp_path / "docs")
     assert "| c[tree.total_tokens=8] | 8 | 2.30 |" in doc and "3/3" in doc
     assert (out / "tau_speedup.png").exists() and (out / "acceptance.png").exists() and (out / "results.csv").exists()
+
+
+def test_draft_vocab_coverage_counts_targets_inside_the_top_n():
+    dvc = _script("draft_vocab_coverage")
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randperm(50, generator=gen) * 3  # distinct frequencies: no ties
+    targets = torch.randint(0, 50, (400,), generator=gen)
+    sizes = [1, 5, 17, 50]
+    got = dvc.coverage(counts, targets, sizes)
+    for n in sizes:  # the obvious way: the set of the n most frequent ids
+        top = set(sorted(range(50), key=lambda i: -int(counts[i]))[:n])
+        assert got[n] == sum(int(t) in top for t in targets) / len(targets)
+    assert got[50] == 1.0
+
+
+def test_draft_vocab_coverage_reads_answer_positions_only():
+    from eagle.train.data import Sequence
+
+    dvc = _script("draft_vocab_coverage")
+    weight = torch.eye(4)  # (V=4, H=4): the argmax of a one-hot feature is its index
+    hidden = torch.eye(4)[[0, 1, 2, 3, 1, 2]].half()  # (6, 4)
+    seq = Sequence(torch.arange(6), hidden, prompt_len=3)
+    # the positions predicting the answer tokens 3..5 are 2, 3, 4; the last one (5) predicts nothing
+    assert dvc.answer_argmax([seq], weight).tolist() == [2, 3, 1]
