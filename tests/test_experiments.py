@@ -104,3 +104,19 @@ def test_draft_vocab_coverage_reads_answer_positions_only():
     seq = Sequence(torch.arange(6), hidden, prompt_len=3)
     # the positions predicting the answer tokens 3..5 are 2, 3, 4; the last one (5) predicts nothing
     assert dvc.answer_argmax([seq], weight).tolist() == [2, 3, 1]
+
+
+def test_forward_profile_growth_table_sums_to_the_totals():
+    fp = _script("forward_profile")
+    per = {1: {"a": 1.0, "b": 2.0, "c": 0.5}, 16: {"a": 4.0, "b": 2.5, "d": 0.25}}
+    rows = fp.growth_table(per, top=2)
+    assert rows[2].startswith("| `a` | 1.00 | 4.00 | +3.00")  # largest growth first
+    assert rows[3].startswith("| `b` | 2.00 | 2.50 | +0.50")
+    assert rows[4] == "| (all others) | 0.50 | 0.25 | -0.25 |"  # c (gone) and d (new)
+    assert rows[5] == "| **total** | 3.50 | 6.75 | +3.25 |"
+
+    class Ev:
+        def __init__(self, key, us):
+            self.key, self.self_cpu_time_total = key, us
+
+    assert fp.self_ms_per_call([Ev("x", 3000.0), Ev("y", 500.0)], repeats=2) == {"x": 1.5, "y": 0.25}
