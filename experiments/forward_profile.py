@@ -2,8 +2,9 @@
 token to a 16-token tree (issue #10's goal: <= 1.25x).
 
 ``torch.profiler`` over ``--repeats`` ``Target.tree_forward`` calls per size (the same runtime path
-as experiments/cost_curve.py's ``static``; random trees after a ``--prefix``-token prompt, sizes
-interleaved), self CPU time per operator divided by the repeats. The profiler adds a small cost per
+as experiments/cost_curve.py's ``static``; random trees after a ``--prefix``-token prompt; each
+size's forwards run back to back under one profiler, not interleaved as in cost_curve.py), self CPU
+time per operator divided by the repeats. The profiler adds a small cost per
 operator call, so the times sit above cost_curve.py's; compare the columns with each other, not
 with that table. Calls that bypass the dispatcher (the small-row CPU GEMM's products, Python) show
 in no operator's row: the last row, the wall time minus every operator, is their share.
