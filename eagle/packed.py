@@ -29,8 +29,6 @@ The first version intercepted every torch call of the forward (~2,300 per step) 
 """
 from __future__ import annotations
 
-import copy
-import itertools
 import time
 import weakref
 
@@ -39,6 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cpu_gemm
+
+from .attention import sharing_copy
 
 __all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "stream_row_counts",
            "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
@@ -120,7 +120,7 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=()) -> nn.Module | Non
     twin = _TWINS.get(model)
     if twin is None:
         lm_head = model.get_output_embeddings()
-        twin = _sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream), skip=lm_head)
+        twin = sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream), skip=lm_head)
         _TWINS[model] = twin
     else:
         for mod in twin.modules():
@@ -151,20 +151,8 @@ def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 
                                                       for m in linears]], repeats)
         if t_stream >= (1 - MARGIN) * t_plain:
             return None
-    return _sharing_copy(module, lambda mod: PackedLinear(mod, (), stream_upto=upto))
+    return sharing_copy(module, lambda mod: PackedLinear(mod, (), stream_upto=upto))
 
-
-def _sharing_copy(module: nn.Module, make, skip: nn.Module | None = None) -> nn.Module:
-    """A structural copy of ``module`` that shares every parameter and buffer with it (no weight is
-    copied), each of its ``nn.Linear``s but ``skip`` replaced by ``make(linear)``."""
-    shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
-    twin = copy.deepcopy(module, memo=shared)  # new modules, the same parameters and buffers
-    skipped = {name for name, mod in module.named_modules() if mod is skip}
-    for name, mod in list(twin.named_modules()):
-        if type(mod) is nn.Linear and name not in skipped:
-            parent, _, attr = name.rpartition(".")
-            setattr(twin.get_submodule(parent), attr, make(mod))
-    return twin
 
 
 def packed_row_counts(twin: nn.Module | None) -> frozenset:

@@ -6,8 +6,10 @@ whole prefix and its own ancestors), and, on CUDA, an extra ``tree_mask`` keywor
 registered attention function (the Triton kernel) through transformers' kwargs plumbing. The cache,
 mask and positions are arguments of every call, never attributes of the model. The one change a
 Target makes to the model it is given: with the Triton kernel it selects that registered attention
-implementation (``model.set_attn_implementation``), once, in its constructor; a ``runtime.dtype``
-other than the model's runs a cast copy and leaves the given model untouched.
+implementation (``model.set_attn_implementation``), once, in its constructor. A grouped-query SDPA
+model otherwise runs on a parameter-sharing view with the ``eagle_gqa_sdpa`` backend
+(eagle/attention.py: no K/V copies for trees), and a ``runtime.dtype`` other than the model's runs
+a cast copy; both leave the given model untouched.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa
 from .kv import SlotCache
 from .lmhead import project
 from .packed import linear_ways, packed_row_counts, packed_twin, stream_row_counts
@@ -45,18 +48,6 @@ def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
     anc = torch.eye(size, dtype=torch.bool, device=ancestors.device)  # (size, size)
     anc[:T, :T] = ancestors
     return tok, dep, anc
-
-
-def register_attention(name: str, fn) -> str:
-    """Register (once) the attention backend ``fn`` under ``name`` in transformers'
-    ``AttentionInterface``, with SDPA's masks; returns ``name`` (for ``_attn_implementation``)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    if name not in AttentionInterface._global_mapping:
-        AttentionInterface.register(name, fn)
-        AttentionMaskInterface.register(name, sdpa_mask)
-    return name
 
 
 def register_tree_attention() -> str:
@@ -147,15 +138,19 @@ class Target:
         self.runtime.validate()
         if self.runtime.dtype and getattr(torch, self.runtime.dtype) != model.get_output_embeddings().weight.dtype:
             model = copy.deepcopy(model).to(getattr(torch, self.runtime.dtype))  # the caller's model is untouched
+        device = next(model.parameters()).device
+        self.use_kernel = attention == "triton" or (attention == "auto" and device.type == "cuda")
+        if self.use_kernel:
+            model.set_attn_implementation(register_tree_attention())
+        elif folds_gqa(model.config.get_text_config(decoder=True)):
+            # SDPA without copying K/V to every query head for trees (eagle/attention.py), on a
+            # parameter-sharing view: the given model keeps its own attention
+            model = attention_view(model, register_gqa_sdpa())
         self.model = model
         self.config = model.config.get_text_config(decoder=True)
         self.base = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
-        device = next(model.parameters()).device
-        self.use_kernel = attention == "triton" or (attention == "auto" and device.type == "cuda")
-        if self.use_kernel:
-            model.set_attn_implementation(register_tree_attention())
         self.eager = model.config._attn_implementation == "eager"
         self.static = self.runtime.cache == "static"
         # compiled steps read the whole cache buffer (fixed shapes): SDPA with the dense mask, or the

@@ -10,6 +10,13 @@ with that table. Calls that bypass the dispatcher (the small-row CPU GEMM's prod
 in no operator's row: the last row, the wall time minus every operator, is their share.
 
     python experiments/forward_profile.py --sizes 1,16 --repeats 10 --top 15
+    python experiments/forward_profile.py --kernel-split --sizes 1,16 --repeats 30
+
+``--kernel-split`` (no profiler): per size, the forward's wall time, the time spent inside the
+small-row kernel's calls during those forwards (the layer products; the LM head goes through
+eagle.lmhead and is timed as ``Target.logits``), and the same layer products with the same row
+count run back to back outside the model (random inputs): what the products cost in place
+against what they cost alone.
 """
 from __future__ import annotations
 
@@ -56,6 +63,69 @@ def growth_table(per_size: dict[int, dict[str, float]], top: int) -> list[str]:
     return rows
 
 
+def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -> list[str]:
+    """Markdown rows of ``--kernel-split`` (see the module docstring)."""
+    from eagle.packed import PackedLinear
+    from eagle.target import Target
+    from kernels import cpu_gemm
+
+    ext = cpu_gemm._load()
+    if ext is None or target.packed is None:
+        raise SystemExit(f"--kernel-split needs the small-row kernel's twin: {cpu_gemm.unavailable_reason() or 'no twin'}")
+    spent = {"kernel": 0.0, "logits": 0.0}
+
+    class Timed:  # the extension, with its small_linear calls timed
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        @staticmethod
+        def small_linear(*args):
+            t0 = time.perf_counter()
+            out = ext.small_linear(*args)
+            spent["kernel"] += time.perf_counter() - t0
+            return out
+
+    logits = target.logits
+
+    def timed_logits(hidden):
+        t0 = time.perf_counter()
+        out = logits(hidden)
+        spent["logits"] += time.perf_counter() - t0
+        return out
+
+    weights = [m.weight for m in target.packed.modules() if isinstance(m, PackedLinear)]
+    vocab = target.lm_head.weight.shape[0]
+    gen = torch.Generator().manual_seed(1)
+    rows = ["| tree tokens | forward, ms | layer products in the forward, ms | the same products alone, ms "
+            "| LM head (`Target.logits`), ms | rest of the forward, ms |", "|---:|---:|---:|---:|---:|---:|"]
+    cpu_gemm._EXT, target.logits = Timed(), timed_logits
+    try:
+        with torch.no_grad():
+            for T in sizes:
+                trees = [random_tree(T, vocab, gen) for _ in range(repeats)]
+                for tree in trees[:2]:  # warm-up
+                    target.tree_forward(tree, cache)
+                    Target.crop(cache, prefix)
+                spent.update(kernel=0.0, logits=0.0)
+                t0 = time.perf_counter()
+                for tree in trees:
+                    target.tree_forward(tree, cache)
+                    Target.crop(cache, prefix)
+                wall = (time.perf_counter() - t0) * 1000 / repeats
+                inside, head = spent["kernel"] * 1000 / repeats, spent["logits"] * 1000 / repeats
+                xs = {k: torch.randn(target.runtime.bucket(T), k, generator=gen) for k in {w.shape[1] for w in weights}}
+                for _ in range(2):
+                    [ext.small_linear(xs[w.shape[1]], w, None) for w in weights]
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    [ext.small_linear(xs[w.shape[1]], w, None) for w in weights]
+                alone = (time.perf_counter() - t0) * 1000 / repeats
+                rows.append(f"| {T} | {wall:.1f} | {inside:.1f} | {alone:.1f} | {head:.1f} | {wall - inside - head:.1f} |")
+    finally:
+        cpu_gemm._EXT, target.logits = ext, logits
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -64,13 +134,15 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1,16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--kernel-split", action="store_true",
+                    help="instead: the small-row kernel's time inside the forward against the same products alone")
     args = ap.parse_args(argv)
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     except ValueError:
         ap.error(f"--sizes: not a list of integers: {args.sizes!r}")
-    if len(sizes) < 2 or sizes[0] < 1 or args.repeats < 1:
-        ap.error("--sizes needs two or more positive sizes, --repeats >= 1")
+    if len(sizes) < (1 if args.kernel_split else 2) or sizes[0] < 1 or args.repeats < 1:
+        ap.error("--sizes needs two or more positive sizes (one with --kernel-split), --repeats >= 1")
     import eagle
     from eagle.target import Target
     from torch.profiler import ProfilerActivity, profile
@@ -85,6 +157,11 @@ def main(argv=None) -> int:
     for T in sizes:  # warm-up: first calls of each bucket
         target.tree_forward(cc.random_tree(T, vocab, gen), cache)
         Target.crop(cache, args.prefix)
+    if args.kernel_split:
+        print(f"{args.target}, path {args.path}, prefix {args.prefix}, {torch.get_num_threads()} threads, "
+              f"{args.repeats} forwards per size\n")
+        print("\n".join(kernel_split(target, cache, args.prefix, sizes, args.repeats, cc.random_tree)))
+        return 0
     per_size, wall = {}, {}
     with torch.no_grad():
         for T in sizes:

@@ -7,6 +7,7 @@ read speed (a 512 MB sum) is measured in the same run, for the floor.
 
     python kernels/bench_cpu_gemm.py --rows 1,2,4,8,16,32,64 --rounds 7
     python kernels/bench_cpu_gemm.py --prefetch-ab --rows 1,4,16   # the kernel with / without prefetching
+    python kernels/bench_cpu_gemm.py --roofline --rows 1,8,12,16,32,64   # arithmetic vs memory bound
 """
 from __future__ import annotations
 
@@ -69,6 +70,35 @@ def prefetch_ab(weights, rows, rounds: int, gen) -> int:
     return 0
 
 
+def roofline(weights, rows, rounds: int, gen, bw: float, calls: int = 4000) -> int:
+    """The kernel's arithmetic ceiling next to the memory's: per row count, its multiply-add rate on
+    weights that stay in cache (384 x 576, ~0.9 MB, half per thread, within each core's L2), the
+    bound that rate and the read bandwidth set on all 211 products (the larger of bytes / bandwidth
+    and multiply-adds / rate), and the products' measured time against it. ``calls``: in-cache
+    calls of one row per timing (fewer for more rows: ``calls / rows``, at least 20)."""
+    hot = torch.randn(384, 576, generator=gen) * 0.02
+    macs = sum(w.numel() for w in weights)  # multiply-adds per row
+    mb = macs * 4 / 1e6
+    print(f"# memory read {bw:.1f} GB/s: {mb:.0f} MB of weights = {mb / bw:.1f} ms per step at any row count")
+    print("| rows | kernel in cache, G multiply-adds/s | memory bound, ms | arithmetic bound, ms | bound, ms "
+          "| measured, ms | measured / bound |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for r in rows:
+            x = torch.randn(r, 576, generator=gen)
+            reps = max(20, calls // r)
+            med = _rotating_medians({"hot": lambda: [cpu_gemm.small_linear(x, hot) for _ in range(reps)]}, rounds)
+            rate = r * hot.numel() * reps / (med["hot"] / 1e3) / 1e9  # G multiply-adds / s
+            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
+            step = _rotating_medians({"all": lambda: [cpu_gemm.small_linear(xs[w.shape[1]], w) for w in weights]},
+                                     rounds)["all"]
+            mem, arith = mb / bw, r * macs / rate / 1e6
+            bound = max(mem, arith)
+            print(f"| {r} | {rate:.0f} | {mem:.1f} | {arith:.1f} | {bound:.1f} | {step:.1f} | {step / bound:.2f} |",
+                  flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64", help="comma-separated row counts")
@@ -76,6 +106,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefetch-ab", action="store_true",
                     help="instead: the kernel against a build of it without the weight prefetch, same weights")
+    ap.add_argument("--roofline", action="store_true",
+                    help="instead: the kernel's in-cache arithmetic rate per row count and the bound it and "
+                         "the memory set on a step's products")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -94,6 +127,8 @@ def main(argv=None) -> int:
     if args.prefetch_ab:
         return prefetch_ab(weights, rows, args.rounds, gen)
     bw = read_bandwidth_gbs()
+    if args.roofline:
+        return roofline(weights, rows, args.rounds, gen, bw)
     mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
     print(f"# {len(weights)} products, {mb:.0f} MB float32, {args.threads} threads; memory read {bw:.1f} GB/s "
           f"(floor {mb / bw:.1f} ms per step)")

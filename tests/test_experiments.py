@@ -1,9 +1,10 @@
-"""The experiment scripts' own logic (their real runs are the documented commands)."""
+"""The experiment scripts' own logic (their real runs are the documented commands; a slow test runs one tiny real run)."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from eagle.config import DecodeConfig, from_dict
@@ -120,3 +121,22 @@ def test_forward_profile_growth_table_sums_to_the_totals():
             self.key, self.self_cpu_time_total = key, us
 
     assert fp.self_ms_per_call([Ev("x", 3000.0), Ev("y", 500.0)], repeats=2) == {"x": 1.5, "y": 0.25}
+
+
+def test_gqa_fold_ab_paired_ratios():
+    ab = _script("gqa_fold_ab")
+    assert ab.paired_ratios({"sdpa": [10.0, 20.0], "eagle_gqa_sdpa": [9.0, 22.0]}) == [0.9, 1.1]
+
+
+@pytest.mark.slow
+def test_gqa_fold_ab_runs_on_the_real_target(capsys):
+    from eagle import attention
+
+    ab = _script("gqa_fold_ab")
+    fold_below = attention.FOLD_BELOW
+    try:
+        assert ab.main(["--prefix", "12", "--sizes", "1,4", "--rounds", "1", "--per-round", "1"]) == 0
+    finally:
+        attention.FOLD_BELOW = fold_below
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |") or r.startswith("| 4 |")]
+    assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows)

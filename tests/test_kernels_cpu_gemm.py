@@ -108,3 +108,20 @@ def test_where_the_kernel_cannot_run_it_says_why(case, monkeypatch):
                       "build fails": "could not build kernels/cpu_gemm.cpp: OSError: g++: command not found"}[case]
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
+
+
+@needs_kernel
+def test_bench_roofline_rows_take_the_larger_bound(capsys):
+    from kernels import bench_cpu_gemm as bench
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]
+    assert bench.roofline(weights, [1, 4], rounds=1, gen=gen, bw=0.5, calls=40) == 0
+    rows = [r.split("|")[1:-1] for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |") or r.startswith("| 4 |")]
+    assert len(rows) == 2
+    mb = (64 * 576 + 32 * 1536) * 4 / 1e6
+    for r in rows:
+        rate, mem, arith, bound, measured, ratio = (float(c) for c in r[1:])
+        assert rate > 0 and mem == pytest.approx(mb / 0.5, abs=0.05)
+        assert bound == pytest.approx(max(mem, arith), abs=0.05)
+        assert ratio == pytest.approx(measured / bound, abs=0.01 + 0.06 / bound)

@@ -1,0 +1,96 @@
+"""Tree verification forward with grouped-query attention folded (``eagle_gqa_sdpa``, eagle/attention.py)
+against transformers' SDPA (K/V copied to every query head), in one process on the same Target.
+
+The Target's forward runs on its attention view (or that view's packed twin); this flips their
+attention implementation between the two backends, rounds alternating which goes first, and reports per tree
+size the median forward time of each and the median of the paired ratios (folded / copied). The
+backend's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is measured folded.
+
+    python experiments/gqa_fold_ab.py --prefix 300 --sizes 1,16,32,64 --rounds 9
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("sdpa", "eagle_gqa_sdpa")
+
+
+def _cost_curve():
+    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).with_name("cost_curve.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def paired_ratios(times: dict[str, list[float]]) -> list[float]:
+    """Round by round, folded time over copied time."""
+    return [f / c for f, c in zip(times["eagle_gqa_sdpa"], times["sdpa"])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--prefix", type=int, default=300)
+    ap.add_argument("--sizes", default="1,16,32,64")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--per-round", type=int, default=10, help="forwards per backend per round")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--sizes: not a list of integers: {args.sizes!r}")
+    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.per_round < 1 or args.prefix < 1:
+        ap.error("--sizes, --rounds, --per-round and --prefix must be positive")
+    import eagle
+    from eagle import attention
+    from eagle.target import Target
+
+    cc = _cost_curve()
+    model, _ = eagle.load_target(args.target)
+    target = eagle.Target(model, "reference", cc.parse_path("static"))
+    # the models the forwards run on: the attention view, and its packed twin when there is one
+    configs = [m.config for m in (target.model, target.packed) if m is not None]
+    if target.model.config._attn_implementation != attention.GQA_SDPA:
+        print(f"{args.target}: the Target does not fold (attention '{target.model.config._attn_implementation}')",
+              file=sys.stderr)
+        return 2
+    attention.FOLD_BELOW = 1 << 30  # measure every size folded
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.lm_head.weight.shape[0]
+    cache = target.new_cache(args.prefix + max(sizes))
+    target.prefill(torch.randint(0, vocab, (args.prefix,), generator=gen), cache)
+    print(f"{args.target}, prefix {args.prefix}, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+          f"{args.per_round} forwards per backend\n")
+    print("| tree tokens | K/V copied, ms | folded, ms | folded / copied (median of rounds) | range |")
+    print("|---:|---:|---:|---:|---|")
+    with torch.no_grad():
+        for T in sizes:
+            trees = [cc.random_tree(T, vocab, gen) for _ in range(args.per_round)]
+            times: dict[str, list[float]] = {b: [] for b in BACKENDS}
+            for r in range(args.rounds + 1):  # round 0 warms both up
+                for b in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
+                    for cfg in configs:
+                        cfg._attn_implementation = b
+                    t0 = time.perf_counter()
+                    for tree in trees:
+                        target.tree_forward(tree, cache)
+                        Target.crop(cache, args.prefix)
+                    if r:
+                        times[b].append((time.perf_counter() - t0) * 1000 / len(trees))
+            for cfg in configs:
+                cfg._attn_implementation = attention.GQA_SDPA
+            ratios = paired_ratios(times)
+            print(f"| {T} | {statistics.median(times['sdpa']):.1f} | {statistics.median(times['eagle_gqa_sdpa']):.1f} | "
+                  f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
