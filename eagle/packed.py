@@ -154,7 +154,6 @@ def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 
     return sharing_copy(module, lambda mod: PackedLinear(mod, (), stream_upto=upto))
 
 
-
 def packed_row_counts(twin: nn.Module | None) -> frozenset:
     """The row counts a twin packs for with MKL (empty for ``None``)."""
     if twin is None:
