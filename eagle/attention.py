@@ -22,13 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FOLD_BELOW", "GQA_SDPA", "attention_view", "gqa_sdpa", "register_attention", "register_gqa_sdpa", "sharing_copy", "folds_gqa"]
+__all__ = ["FOLD_BELOW", "GQA_SDPA", "attention_view", "folds_gqa", "gqa_sdpa", "register_attention",
+           "register_gqa_sdpa", "sharing_copy"]
 
 GQA_SDPA = "eagle_gqa_sdpa"
 # Fold only while the folded query axis stays below this: from 192 query rows on, PyTorch's CPU
-# flash kernel splits queries in blocks of 64 instead of 32, and a folded 64-node tree (3 KV heads x
-# 3 blocks) ran 3-7% slower than unfolded (9 heads x 2 blocks) on the 2-core machine, where 16-node
-# trees ran 1-12% faster folded (docs/results.md, "K/V copies of grouped-query attention").
+# flash kernel splits queries in blocks of 64 instead of 32, and folded 64-node trees (3 KV heads x
+# 3 blocks, against 9 heads x 2 unfolded) measured 0.97-1.07x unfolded on the 2-core machine, where
+# 16-node trees measured 0.88-0.99x (docs/results.md, "K/V copies of grouped-query attention").
 FOLD_BELOW = 192
 _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {implementation: view}
 
@@ -54,7 +55,8 @@ def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    plain = (groups == 1 or groups * query.shape[2] >= FOLD_BELOW or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+    plain = (groups == 1 or groups * query.shape[2] >= FOLD_BELOW
+             or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
              or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
              or kwargs.get("output_attentions", False) or query.shape[1] != key.shape[1] * groups)
     if plain:

@@ -4,7 +4,8 @@ against transformers' SDPA (K/V copied to every query head), in one process on t
 The Target's forward runs on its attention view (or that view's packed twin); this flips their
 attention implementation between the two backends, rounds alternating which goes first, and reports per tree
 size the median forward time of each and the median of the paired ratios (folded / copied). The
-backend's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is measured folded.
+backend's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is measured folded
+(both are put back on return).
 
     python experiments/gqa_fold_ab.py --prefix 300 --sizes 1,16,32,64 --rounds 9
 """
@@ -61,34 +62,37 @@ def main(argv=None) -> int:
         print(f"{args.target}: the Target does not fold (attention '{target.model.config._attn_implementation}')",
               file=sys.stderr)
         return 2
-    attention.FOLD_BELOW = 1 << 30  # measure every size folded
-    gen = torch.Generator().manual_seed(0)
-    vocab = target.lm_head.weight.shape[0]
-    cache = target.new_cache(args.prefix + max(sizes))
-    target.prefill(torch.randint(0, vocab, (args.prefix,), generator=gen), cache)
-    print(f"{args.target}, prefix {args.prefix}, {torch.get_num_threads()} threads, {args.rounds} rounds x "
-          f"{args.per_round} forwards per backend\n")
-    print("| tree tokens | K/V copied, ms | folded, ms | folded / copied (median of rounds) | range |")
-    print("|---:|---:|---:|---:|---|")
-    with torch.no_grad():
-        for T in sizes:
-            trees = [cc.random_tree(T, vocab, gen) for _ in range(args.per_round)]
-            times: dict[str, list[float]] = {b: [] for b in BACKENDS}
-            for r in range(args.rounds + 1):  # round 0 warms both up
-                for b in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
-                    for cfg in configs:
-                        cfg._attn_implementation = b
-                    t0 = time.perf_counter()
-                    for tree in trees:
-                        target.tree_forward(tree, cache)
-                        Target.crop(cache, args.prefix)
-                    if r:
-                        times[b].append((time.perf_counter() - t0) * 1000 / len(trees))
-            for cfg in configs:
-                cfg._attn_implementation = attention.GQA_SDPA
-            ratios = paired_ratios(times)
-            print(f"| {T} | {statistics.median(times['sdpa']):.1f} | {statistics.median(times['eagle_gqa_sdpa']):.1f} | "
-                  f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
+    fold_below, attention.FOLD_BELOW = attention.FOLD_BELOW, 1 << 30  # measure every size folded
+    try:
+        gen = torch.Generator().manual_seed(0)
+        vocab = target.lm_head.weight.shape[0]
+        cache = target.new_cache(args.prefix + max(sizes))
+        target.prefill(torch.randint(0, vocab, (args.prefix,), generator=gen), cache)
+        print(f"{args.target}, prefix {args.prefix}, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+              f"{args.per_round} forwards per backend\n")
+        print("| tree tokens | K/V copied, ms | folded, ms | folded / copied (median of rounds) | range |")
+        print("|---:|---:|---:|---:|---|")
+        with torch.no_grad():
+            for T in sizes:
+                trees = [cc.random_tree(T, vocab, gen) for _ in range(args.per_round)]
+                times: dict[str, list[float]] = {b: [] for b in BACKENDS}
+                for r in range(args.rounds + 1):  # round 0 warms both up
+                    for b in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
+                        for cfg in configs:
+                            cfg._attn_implementation = b
+                        t0 = time.perf_counter()
+                        for tree in trees:
+                            target.tree_forward(tree, cache)
+                            Target.crop(cache, args.prefix)
+                        if r:
+                            times[b].append((time.perf_counter() - t0) * 1000 / len(trees))
+                ratios = paired_ratios(times)
+                print(f"| {T} | {statistics.median(times['sdpa']):.1f} | {statistics.median(times['eagle_gqa_sdpa']):.1f} | "
+                      f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
+    finally:  # the Target as it was: folding, with its threshold
+        attention.FOLD_BELOW = fold_below
+        for cfg in configs:
+            cfg._attn_implementation = attention.GQA_SDPA
     return 0
 
 
