@@ -74,14 +74,14 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
         raise SystemExit(f"--kernel-split needs the small-row kernel's twin: {cpu_gemm.unavailable_reason() or 'no twin'}")
     spent = {"kernel": 0.0, "logits": 0.0}
 
-    class Timed:  # the extension, with its small_linear calls timed
+    class Timed:  # the extension, with its packed_linear calls timed
         def __getattr__(self, name):
             return getattr(ext, name)
 
         @staticmethod
-        def small_linear(*args):
+        def packed_linear(*args):
             t0 = time.perf_counter()
-            out = ext.small_linear(*args)
+            out = ext.packed_linear(*args)
             spent["kernel"] += time.perf_counter() - t0
             return out
 
@@ -94,6 +94,7 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
         return out
 
     weights = [m.weight for m in target.packed.modules() if isinstance(m, PackedLinear)]
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
     vocab = target.lm_head.weight.shape[0]
     gen = torch.Generator().manual_seed(1)
     rows = ["| tree tokens | forward, ms | layer products in the forward, ms | the same products alone, ms "
@@ -115,10 +116,10 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
                 inside, head = spent["kernel"] * 1000 / repeats, spent["logits"] * 1000 / repeats
                 xs = {k: torch.randn(target.runtime.bucket(T), k, generator=gen) for k in {w.shape[1] for w in weights}}
                 for _ in range(2):
-                    [ext.small_linear(xs[w.shape[1]], w, None) for w in weights]
+                    [ext.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]
                 t0 = time.perf_counter()
                 for _ in range(repeats):
-                    [ext.small_linear(xs[w.shape[1]], w, None) for w in weights]
+                    [ext.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]
                 alone = (time.perf_counter() - t0) * 1000 / repeats
                 rows.append(f"| {T} | {wall:.1f} | {inside:.1f} | {alone:.1f} | {head:.1f} | {wall - inside - head:.1f} |")
     finally:

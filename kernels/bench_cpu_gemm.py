@@ -8,12 +8,15 @@ read speed (a 512 MB sum) is measured in the same run, for the floor.
     python kernels/bench_cpu_gemm.py --rows 1,2,4,8,16,32,64 --rounds 7
     python kernels/bench_cpu_gemm.py --prefetch-ab --rows 1,4,16   # the kernel with / without prefetching
     python kernels/bench_cpu_gemm.py --roofline --rows 1,8,12,16,32,64   # arithmetic vs memory bound
+    python kernels/bench_cpu_gemm.py --against 98f5ce6 --rows 1,4,8,16,32   # this kernel vs a git revision's
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,10 +66,46 @@ def prefetch_ab(weights, rows, rounds: int, gen) -> int:
     with torch.no_grad():
         for r in rows:
             xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
-            med = _rotating_medians({"off": lambda: [plain_build.small_linear(xs[w.shape[1]], w, None) for w in weights],
-                                     "on": lambda: [fast.small_linear(xs[w.shape[1]], w, None) for w in weights]},
+            packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for both builds
+            med = _rotating_medians({"off": lambda: [plain_build.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs],
+                                     "on": lambda: [fast.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]},
                                     rounds)
             print(f"| {r} | {med['off']:.1f} | {med['on']:.1f} | {med['on'] / med['off']:.2f} |", flush=True)
+    return 0
+
+
+def against(weights, rows, rounds: int, gen, rev: str) -> int:
+    """This kernel against the ``cpu_gemm.cpp`` of git revision ``rev``, built beside it, on the same
+    weights in rotating order (a revision's source with ``small_linear(x, w, b)`` on the plain weight,
+    or with ``packed_linear`` on its packed copy)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        text = subprocess.run(["git", "show", f"{rev}:kernels/cpu_gemm.cpp"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"error: no kernels/cpu_gemm.cpp at revision '{rev}': {getattr(e, 'stderr', '') or e}".strip(),
+              file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "cpu_gemm.cpp"
+        src.write_text(text)
+        base = cpu_gemm._build(f"-rev-{rev[:12]}", source=src)
+    fast = cpu_gemm._load()
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
+    if hasattr(base, "packed_linear"):
+        base_packs = [(base.pack(w), w.shape[0]) for w in weights]
+        base_fn = lambda xs: [base.packed_linear(xs[p.shape[1]], p, n, None) for p, n in base_packs]  # noqa: E731
+    else:
+        base_fn = lambda xs: [base.small_linear(xs[w.shape[1]], w, None) for w in weights]  # noqa: E731
+    print(f"| rows | {rev}, ms | this source, ms | this / {rev} |")
+    print("|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for r in rows:
+            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
+            med = _rotating_medians({"base": lambda: base_fn(xs),
+                                     "this": lambda: [fast.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]},
+                                    rounds)
+            print(f"| {r} | {med['base']:.1f} | {med['this']:.1f} | {med['this'] / med['base']:.2f} |", flush=True)
     return 0
 
 
@@ -109,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--roofline", action="store_true",
                     help="instead: the kernel's in-cache arithmetic rate per row count and the bound it and "
                          "the memory set on a step's products")
+    ap.add_argument("--against", metavar="REV",
+                    help="instead: this kernel against the cpu_gemm.cpp of a git revision, same weights")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -126,6 +167,8 @@ def main(argv=None) -> int:
     mb = sum(w.numel() for w in weights) * 4 / 1e6
     if args.prefetch_ab:
         return prefetch_ab(weights, rows, args.rounds, gen)
+    if args.against:
+        return against(weights, rows, args.rounds, gen, args.against)
     bw = read_bandwidth_gbs()
     if args.roofline:
         return roofline(weights, rows, args.rounds, gen, bw)

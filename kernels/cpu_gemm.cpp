@@ -1,103 +1,111 @@
-// Small-row float32 linear layer for x86 CPUs with AVX-512: y (M, N) = x (M, K) @ w (N, K)^T + b.
+// Small-row float32 linear layer for x86 CPUs with AVX-512: y (M, N) = x (M, K) @ w (N, K)^T + b,
+// against a packed copy of w made once (`pack`).
 //
 // Why: a decoding step multiplies 1-32 rows by every weight. MKL's GEMM streams the weights at
 // 11-16 GB/s there (a third of the memory's speed on the 2-core machines this project runs on);
-// this loop streams each weight once, row-major, at the memory's speed, and keeps the few x rows
-// in L1. Tile: 4 weight rows x up to 4 x rows = 16 zmm accumulators, each a 16-lane partial sum
-// over K, reduced at the end; the next tile's weight rows are prefetched while one is multiplied. Every output y[m, n] is computed by the same instruction sequence
-// whatever M is, so a row's result does not depend on which other rows share the call.
+// this loop streams each weight once at the memory's speed and keeps the few x rows in L1/L2.
+//
+// Layout: the packed weight is (ceil(N/16), K, 16): block b holds outputs 16b..16b+15, and for each
+// k their 16 weights side by side (one cache line), so a block is one sequential stream. The rows
+// of x are transposed to (K, M) so that step k reads the M values x[:, k] from one line.
+// Tile: one block x MT rows, MT zmm accumulators; step k loads the block's weight vector and
+// multiplies it by every row's x[m, k], broadcast from memory (one FMA with an embedded broadcast;
+// tiles of 2 or 4 blocks, for more accumulators at few rows, measured slower at every row count
+// from 1 to 10, e.g. 1 row 13.7 against 10.5 ms for SmolLM2's 211 products). Nothing is
+// reduced across lanes: lane j of an accumulator is output n = 16b + j, summed over k in order.
+// So every output y[m, n] is the same chain of FMAs whatever M and the tiling are: a row's result
+// does not depend on which other rows share the call (bitwise). The weights are prefetched
+// PREFETCH_STEPS steps (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
+// alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace {
 
-constexpr int NB = 4;  // weight rows per tile
-constexpr int MB = 4;  // x rows per tile (at most)
+constexpr int64_t LANES = 16;  // outputs per block (one zmm of float32)
+constexpr int64_t MAX_MT = 16;  // rows per tile, at most
+constexpr int64_t PREFETCH_STEPS = 128;  // k steps ahead in a block's stream (128 x 64 B)
 
-template <int MT, int NT>
-inline void tile(const float* __restrict x, const float* __restrict w, float* __restrict y,
-                 const float* __restrict bias, int64_t K, int64_t N) {
-  // x: MT rows of K (stride K); w: NT rows of K (stride K); y: MT rows (stride N), NT outputs each
-  __m512 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) {
-      // the next tile's rows, one tile ahead: the hardware prefetcher alone left 4-16-row calls
-      // waiting on memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`; prefetches never fault)
+template <int MT>
+inline void tile(const float* __restrict xt, int64_t ldx, const float* __restrict p, int64_t K,
+                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+  // xt: (K, ldx) transposed rows, this tile's MT rows from column 0; p: one block (K, 16);
+  // y: MT rows (stride ldy), outputs n .. n + 16 (those < N written)
+  __m512 acc[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
 #ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
-      _mm_prefetch(reinterpret_cast<const char*>(w + (j + NT) * K + k), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + (k + PREFETCH_STEPS) * LANES), _MM_HINT_T0);
 #endif
-      wv[j] = _mm512_loadu_ps(w + j * K + k);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
+    const __m512 wv = _mm512_load_ps(p + k * LANES);
+    const float* xk = xt + k * ldx;
+    for (int i = 0; i < MT; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[i]), acc[i]);
   }
-  if (k < K) {  // the K % 16 tail, with masked loads (zeros beyond K)
-    const __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, w + j * K + k);
-    for (int i = 0; i < MT; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * K + k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j)
-      y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[j] : 0.0f);
+  const __mmask16 mask = N - n >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n)) - 1u);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
+  for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * ldy + n, mask, _mm512_add_ps(acc[i], b));
 }
 
-template <int NT>
-inline void rows_tile(const float* x, const float* w, float* y, const float* bias, int64_t M, int64_t K,
-                      int64_t N) {
-  for (int64_t m = 0; m < M; m += MB) {
-    const float* xm = x + m * K;
-    float* ym = y + m * N;
-    switch (std::min<int64_t>(MB, M - m)) {
-      case 4: tile<4, NT>(xm, w, ym, bias, K, N); break;
-      case 3: tile<3, NT>(xm, w, ym, bias, K, N); break;
-      case 2: tile<2, NT>(xm, w, ym, bias, K, N); break;
-      default: tile<1, NT>(xm, w, ym, bias, K, N);
-    }
+void rows_tile(int64_t rows, const float* xt, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
+               int64_t n, int64_t N, const float* bias) {
+  switch (rows) {
+#define CASE(R) case R: tile<R>(xt, ldx, p, K, y, ldy, n, N, bias); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+    CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
+    default: TORCH_CHECK(false, "cpu_gemm: tile rows out of range");
   }
 }
-
 
 }  // namespace
 
-torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& b) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: x (M, K) and w (N, K)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "small_linear: float32 only");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "small_linear: contiguous x and w");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+torch::Tensor pack(const torch::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "pack: a float32 weight (N, K)");
+  const int64_t N = w.size(0), K = w.size(1), blocks = (N + LANES - 1) / LANES;
+  auto padded = torch::zeros({blocks * LANES, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({blocks, LANES, K}).transpose(1, 2).contiguous();  // (blocks, K, 16)
+}
+
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& p, int64_t N,
+                            const c10::optional<torch::Tensor>& b) {
+  TORCH_CHECK(x.dim() == 2 && p.dim() == 3 && p.size(2) == LANES && x.size(1) == p.size(1),
+              "packed_linear: x (M, K) and a packed weight (blocks, K, 16)");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat, "packed_linear: float32 only");
+  TORCH_CHECK(p.is_contiguous() && N > (p.size(0) - 1) * LANES && N <= p.size(0) * LANES,
+              "packed_linear: N does not match the packed weight");
+  const int64_t M = x.size(0), K = x.size(1), blocks = p.size(0);
   const float* bias = nullptr;
   if (b.has_value() && b->defined()) {
-    TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->numel() == N, "small_linear: bias (N,)");
+    TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->numel() == N, "packed_linear: bias (N,)");
     bias = b->data_ptr<float>();
   }
   auto y = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
+  if (M == 0) return y;
+  // rows in groups of at most 16, as even as possible (a group re-reads the block from L1/L2)
+  const int64_t groups = (M + MAX_MT - 1) / MAX_MT, per = (M + groups - 1) / groups;
+  std::vector<float> xt_buf(K * M);  // (K, M)
+  const auto xa = x.accessor<float, 2>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xt_buf[k * M + m] = xa[m][k];
+  const float* xt = xt_buf.data();
+  const float* pp = p.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t tiles = N / NB;
   // ~64 KB of weights per task at least: enough work per thread hand-off
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, NB * K));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t * NB;
-      rows_tile<NB>(xp, wp + n * K, yp + n, bias ? bias + n : nullptr, M, K, N);
-    }
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, LANES * K));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk)
+      for (int64_t m = 0; m < M; m += per)
+        rows_tile(std::min(per, M - m), xt + m, M, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
   });
-  for (int64_t n = tiles * NB; n < N; ++n)  // the N % 4 tail, one weight row at a time
-    rows_tile<1>(xp, wp + n * K, yp + n, bias ? bias + n : nullptr, M, K, N);
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_linear", &small_linear, "y = x @ w.T + b for few rows (float32, AVX-512)");
+  m.def("pack", &pack, "the packed copy (ceil(N/16), K, 16) of a float32 weight (N, K)");
+  m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32, AVX-512)");
 }

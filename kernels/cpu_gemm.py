@@ -11,6 +11,7 @@ count (``eagle.packed``, ``eagle.lmhead``), since which GEMM wins depends on the
 Three things, as for the Triton kernel:
 
 * :func:`small_linear`: the fast path (falls back to the reference where it cannot run);
+  :func:`packed_weight` is the packed copy it uses;
 * :func:`small_linear_reference`: ``F.linear``, the obviously-correct version;
 * :func:`available` / :func:`unavailable_reason`: whether this machine has it. The extension is
   compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~30 s,
@@ -21,15 +22,17 @@ Float32 only: a bfloat16 form of the same tiles (``vdpbf16ps``, AVX512-BF16) was
 measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products,
 docs/results.md), so it was removed and bf16 models keep ``F.linear``.
 
-A row's result does not depend on the other rows of the call (same instruction sequence per output),
+A row's result does not depend on the other rows of the call (same chain of FMAs per output),
 which keeps a tree's products bitwise equal to the one-token products of the same rows.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import threading
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -37,18 +40,20 @@ import torch.nn.functional as F
 
 from eagle.runtime import cpu_flags as _cpu_flags
 
-__all__ = ["available", "unavailable_reason", "small_linear", "small_linear_reference", "supports"]
+__all__ = ["available", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _LOCK = threading.Lock()
 _EXT = None  # the loaded extension module
 _REASON: str | None = None  # why it is unavailable (None: not tried yet, or available)
 _TRIED = False
+# (data pointer, shape, strides) of a weight -> (weak reference to it, its version then, packed copy)
+_PACKS: dict[tuple, tuple] = {}
 
 
-def _build(variant: str = "", defines: tuple[str, ...] = ()):
-    """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``: another
-    build of the same source with preprocessor switches (benchmarks only)."""
+def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE):
+    """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``/``source``:
+    another build, with preprocessor switches or of another version of the source (benchmarks only)."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -60,9 +65,11 @@ def _build(variant: str = "", defines: tuple[str, ...] = ()):
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-    folder = cache_dir() / "torch_extensions" / f"cpu_gemm{variant}-torch{torch.__version__.split('+')[0]}"
+    # the source's hash in the folder: a new source never rebuilds over a library a running process has loaded
+    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:10]
+    folder = cache_dir() / "torch_extensions" / f"cpu_gemm{variant}-torch{torch.__version__.split('+')[0]}-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}", sources=[str(_SOURCE)], build_directory=str(folder),
+    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}", sources=[str(source)], build_directory=str(folder),
                 extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp", *(f"-D{d}" for d in defines)],
                 extra_ldflags=["-fopenmp"], verbose=False)
 
@@ -114,20 +121,48 @@ def small_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return F.linear(x, weight, bias)
 
 
+def _forget(key: tuple, ref) -> None:
+    entry = _PACKS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _PACKS[key]
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The kernel's packed copy ``(ceil(N/16), K, 16)`` of a float32 CPU ``weight (N, K)``: made on
+    first use and kept while the weight lives; made again after an in-place update of the weight
+    (its version counter moved). Views of the weight's memory (same pointer, shape and strides)
+    share the copy, since they share the version counter too."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"the small-row kernel is not available: {_REASON}")
+    key = (weight.data_ptr(), tuple(weight.shape), weight.stride())
+    entry = _PACKS.get(key)
+    if entry is not None and entry[0]() is not None and entry[1] == weight._version:
+        return entry[2]
+    with _LOCK:
+        with torch.no_grad():
+            packed = ext.pack(weight.detach())  # (blocks, K, 16)
+        ref = weakref.ref(weight, lambda r, key=key: _forget(key, r))
+        _PACKS[key] = (ref, weight._version, packed)
+    return packed
+
+
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x (..., K) @ weight (N, K).T + bias -> (..., N)`` through the AVX-512 kernel where it applies
     (float32 CPU tensors, no autograd, kernel available), else :func:`small_linear_reference`.
     Meant for few rows: it reads each weight once but keeps all rows' work on the vector units,
-    so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster."""
+    so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster. The first call
+    with a weight packs it (:func:`packed_weight`)."""
     ext = _load()
     if ext is None or not supports(x, weight) or (bias is not None and bias.dtype != x.dtype):
         return small_linear_reference(x, weight, bias)
     K = x.shape[-1]
-    x2 = x.reshape(-1, K).contiguous()  # (M, K)
+    x2 = x.reshape(-1, K)  # (M, K), any strides
     if torch.compiler.is_compiling():  # inside torch.compile: the registered op (no graph break)
         y = torch.ops.eagle.small_linear(x2, weight, bias)
     else:  # eager: the extension directly (the op's dispatch would add ~5 us per call)
-        y = ext.small_linear(x2, weight.contiguous(), None if bias is None else bias.contiguous())  # (M, N)
+        y = ext.packed_linear(x2, packed_weight(weight), weight.shape[0],
+                              None if bias is None else bias.contiguous())  # (M, N)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -138,7 +173,7 @@ def small_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     ext = _load()
     if ext is None:
         return F.linear(x, weight, bias)
-    return ext.small_linear(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous())
+    return ext.packed_linear(x, packed_weight(weight), weight.shape[0], None if bias is None else bias.contiguous())
 
 
 @small_linear_op.register_fake

@@ -43,14 +43,16 @@ def test_model_shapes_and_leading_dims():
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
-    equal to one-token products), for M across the 4-row tiles."""
+    equal to one-token products), for M across the tile sizes (1-16 rows, 1-4 blocks) and the
+    groups of more than 16 rows."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
-    x = torch.randn(13, 577, generator=gen)
+    x = torch.randn(37, 577, generator=gen)
     full = cpu_gemm.small_linear(x, w, b)
-    for m in range(13):
+    for m in range(37):
         assert torch.equal(full[m], cpu_gemm.small_linear(x[m:m + 1], w, b)[0])
-    assert torch.equal(full[:6], cpu_gemm.small_linear(x[:6], w, b))
+    for rows in (2, 3, 6, 13, 16, 17, 24):
+        assert torch.equal(full[:rows], cpu_gemm.small_linear(x[:rows], w, b))
 
 
 @needs_kernel
@@ -70,6 +72,30 @@ def test_non_contiguous_inputs_and_what_goes_to_the_reference():
     assert wg.grad is not None
     with torch.no_grad():
         assert cpu_gemm.supports(xt, wg)
+
+
+@needs_kernel
+def test_packed_copy_is_kept_remade_after_an_update_and_dropped_with_the_weight():
+    """The packed copy: made once per weight (views of its memory share it); an in-place update of
+    the weight makes a new one (results follow the new values); it goes when the weight goes."""
+    import gc
+
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(40, 33, generator=gen), torch.randn(5, 33, generator=gen)
+    p = cpu_gemm.packed_weight(w)
+    assert p.shape == (3, 33, 16) and cpu_gemm.packed_weight(w) is p
+    assert cpu_gemm.packed_weight(w.view(40, 33)) is p  # a view: same memory, same version counter
+    assert torch.equal(p.transpose(1, 2).reshape(48, 33)[:40], w) and not p.transpose(1, 2).reshape(48, 33)[40:].any()
+    before = cpu_gemm.small_linear(x, w)
+    with torch.no_grad():
+        w.mul_(-2.0)
+    assert cpu_gemm.packed_weight(w) is not p
+    torch.testing.assert_close(cpu_gemm.small_linear(x, w), -2.0 * before, atol=1e-5, rtol=1e-5)
+    key = (w.data_ptr(), tuple(w.shape), w.stride())
+    assert key in cpu_gemm._PACKS
+    del w
+    gc.collect()
+    assert key not in cpu_gemm._PACKS
 
 
 def test_unavailable_means_the_reference(monkeypatch):

@@ -219,9 +219,12 @@ def test_compiled_steps_run_the_kernel_as_an_op(tiny_model, tmp_path, monkeypatc
     real = cpu_gemm._load()
 
     class Counting:  # what the op calls
-        def small_linear(self, *args):
+        def pack(self, w):
+            return real.pack(w)
+
+        def packed_linear(self, *args):
             calls.append(1)
-            return real.small_linear(*args)
+            return real.packed_linear(*args)
 
     monkeypatch.setattr(cpu_gemm, "_EXT", Counting())
     gen = torch.Generator().manual_seed(4)
