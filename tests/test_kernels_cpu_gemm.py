@@ -151,3 +151,32 @@ def test_bench_roofline_rows_take_the_larger_bound(capsys):
         assert rate > 0 and mem == pytest.approx(mb / 0.5, abs=0.05)
         assert bound == pytest.approx(max(mem, arith), abs=0.05)
         assert ratio == pytest.approx(measured / bound, abs=0.01 + 0.06 / bound)
+
+
+@needs_kernel
+def test_bench_against_a_revision(capsys, monkeypatch):
+    """`--against REV`: the revision's source is built beside this one (here: stand-ins, no compiler
+    run) and both are timed on the same weights; a source with the old `small_linear(x, w, b)` API
+    is called on the plain weights; a revision without the file is an error naming it."""
+    from kernels import bench_cpu_gemm as bench
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]
+    real, built, calls = cpu_gemm._load(), [], []
+
+    class OldApi:  # a revision from before the packed layout
+        @staticmethod
+        def small_linear(x, w, b):
+            calls.append(tuple(w.shape))
+            return F.linear(x, w, b)
+
+    for base in (real, OldApi()):
+        monkeypatch.setattr(cpu_gemm, "_build", lambda variant, source, base=base: built.append(
+            (variant, source.read_text()[:2])) or base)
+        assert bench.against(weights, [1, 3], rounds=1, gen=gen, rev="HEAD") == 0
+        rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |") or r.startswith("| 3 |")]
+        assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows)
+    assert built == [("-rev-HEAD", "//")] * 2  # the revision's own cpu_gemm.cpp, a build of its own
+    assert set(calls) == {(64, 576), (32, 1536)}
+    assert bench.against(weights, [1], rounds=1, gen=gen, rev="no-such-revision-xyz") == 2
+    assert "no kernels/cpu_gemm.cpp at revision 'no-such-revision-xyz'" in capsys.readouterr().err
