@@ -452,6 +452,28 @@ def reading(state: dict) -> list[str]:
     return out
 
 
+def reproduce_command(state: dict) -> str:
+    """The command that makes every finished cell in ``state``: the last run's command with ``--heads``
+    and ``--budgets`` widened to all those cells' heads and budgets (runs of one head or budget at a time
+    add cells to the same results.json)."""
+    argv = shlex.split(state.get("command", "python experiments/learning_curve.py"))[2:]
+    cells = [c for c in state.get("cells", {}).values() if c.get("done")]
+    heads = [h for h in HEADS if any(c["head"] == h for c in cells)]
+    labels = {c["label"] for c in cells}
+    budgets = sorted((lb for lb in labels if lb != "all"), key=int) + (["all"] if "all" in labels else [])
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--heads", "--budgets"):
+            skip = True
+        elif not a.startswith(("--heads=", "--budgets=")):
+            out.append(a)
+    if heads:
+        out = ["--heads", ",".join(heads), "--budgets", ",".join(budgets)] + out
+    return shlex.join(["python", "experiments/learning_curve.py", *out])
+
+
 def render_report(state: dict, out: str | Path, report: str | Path) -> str:
     """The markdown page: what was measured, the command, the table, the plot, the reading."""
     out, report = Path(out), Path(report)
@@ -475,8 +497,9 @@ def render_report(state: dict, out: str | Path, report: str | Path) -> str:
              f"- **tau**: `eagle.bench` on the first {s.get('prompts_limit', '?')} held-out prompts, "
              f"{s.get('max_new_tokens', '?')} new tokens, greedy; ± its standard error over the prompts; outputs are "
              "checked identical to plain decoding.", "",
-             "Command (resumable; see the docstring of experiments/learning_curve.py for its cost):", "",
-             "```", state.get("command", "python experiments/learning_curve.py"), "```", "",
+             "Command for every cell of the table (resumable: finished cells are skipped; see the docstring of "
+             "experiments/learning_curve.py for its cost):", "",
+             "```", reproduce_command(state), "```", "",
              format_table(state).rstrip("\n"), "",
              f"![learning curve]({rel})", "",
              "## Reading", ""]

@@ -162,13 +162,25 @@ def test_table_plot_and_report_from_results(tmp_path):
     assert "| 2.50 ± 0.02 | 2/2 |" in rows[0] and rows[3].startswith("| EAGLE-3 head | 500 |")
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     doc = report.read_text()
-    assert "python experiments/learning_curve.py --budgets 500,1000,2000" in doc
+    assert "python experiments/learning_curve.py --heads eagle,eagle3 --budgets 500,1000,2000" in doc
     assert "](../out/learning_curve.png)" in doc and rows[0] in doc
     assert "4,321 answer tokens" in doc and "20 held-out chat prompts" in doc
     # the reading is written from the numbers: the fakes gain 1.0 tau per doubling at the end
     assert "tau 2.50 -> 4.00" in doc and "+1.00" in doc
     assert "More data is still a lever" in doc
     assert "EAGLE-3 head leads the EAGLE-2 head by 0.50 tau" in doc
+
+
+def test_report_command_covers_every_cell(tmp_path):
+    """Cells added by runs of one head or budget at a time: the report's command makes them all."""
+    lc = _script()
+    state = {"command": "python experiments/learning_curve.py --heads eagle --budgets=250000 --report docs/lc.md",
+             "cells": {"eagle3-all": {"head": "eagle3", "label": "all", "done": True},
+                       "eagle-250000": {"head": "eagle", "label": "250000", "done": True},
+                       "eagle-1000000": {"head": "eagle", "label": "1000000", "done": True},
+                       "eagle3-5": {"head": "eagle3", "done": False}}}
+    assert lc.reproduce_command(state) == ("python experiments/learning_curve.py --heads eagle,eagle3 "
+                                           "--budgets 250000,1000000,all --report docs/lc.md")
 
 
 def test_reading_says_when_data_stops_paying(tmp_path):
