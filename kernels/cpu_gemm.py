@@ -18,7 +18,7 @@ Three things, as for the Triton kernel:
   once per machine and source: cached under ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose
   flags include AVX-512F.
 
-Float32 only: a bfloat16 form of the same tiles (``vdpbf16ps``, AVX512-BF16) was written and
+Float32 only: a bfloat16 form of the first version's tiles (``vdpbf16ps``, AVX512-BF16) was written and
 measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products,
 docs/results.md), so it was removed and bf16 models keep ``F.linear``.
 
