@@ -63,10 +63,10 @@ def prefetch_ab(weights, rows, rounds: int, gen) -> int:
     fast = cpu_gemm._load()
     print("| rows | without prefetch, ms | with prefetch, ms | ratio |")
     print("|---:|---:|---:|---:|")
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for both builds
     with torch.no_grad():
         for r in rows:
             xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
-            packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for both builds
             med = _rotating_medians({"off": lambda: [plain_build.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs],
                                      "on": lambda: [fast.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]},
                                     rounds)

@@ -43,7 +43,7 @@ def test_model_shapes_and_leading_dims():
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
-    equal to one-token products), for M across the tile sizes (1-16 rows, 1-4 blocks) and the
+    equal to one-token products), for M across the tile sizes (1-16 rows of one block) and the
     groups of more than 16 rows."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
