@@ -1,4 +1,4 @@
-// Small-row float32 linear layer for x86 CPUs with AVX-512: y (M, N) = x (M, K) @ w (N, K)^T + b,
+// Small-row float32 linear layer for x86 CPUs with AVX-512 or AVX2 + FMA: y (M, N) = x (M, K) @ w (N, K)^T + b,
 // against a packed copy of w made once (`pack`).
 //
 // Why: a decoding step multiplies 1-32 rows by every weight. MKL's GEMM streams the weights at
@@ -8,13 +8,18 @@
 // Layout: the packed weight is (ceil(N/16), K, 16): block b holds outputs 16b..16b+15, and for each
 // k their 16 weights side by side (one cache line), so a block is one sequential stream. The rows
 // of x are transposed to (K, M) so that step k reads the M values x[:, k] from one line.
-// Tile: one block x MT rows, MT zmm accumulators; step k loads the block's weight vector and
-// multiplies it by every row's x[m, k], broadcast from memory (one FMA with an embedded broadcast;
-// tiles of 2 or 4 blocks, for more accumulators at few rows, measured slower at every row count
-// from 1 to 10, e.g. 1 row 13.7 against 10.5 ms for SmolLM2's 211 products). Nothing is
-// reduced across lanes: lane j of an accumulator is output n = 16b + j, summed over k in order.
-// So every output y[m, n] is the same chain of FMAs whatever M and the tiling are: a row's result
-// does not depend on which other rows share the call (bitwise). The weights are prefetched
+// Tile: one block x MT rows; step k loads the block's weight line and multiplies it by every row's
+// x[m, k], broadcast. AVX-512 (built with -mavx512f): one zmm accumulator per row, MT <= 16, the
+// broadcast embedded in the FMA (tiles of 2 or 4 blocks, for more accumulators at few rows, measured
+// slower at every row count from 1 to 10, e.g. 1 row 13.7 against 10.5 ms for SmolLM2's 211
+// products). AVX2 (built with -mavx2 -mfma, for CPUs without AVX-512 such as AMD Zen 3): the line
+// is two ymm halves, two accumulators per row and an explicit broadcast, so 16 registers hold at
+// most MT = 6 rows (2 x 6 accumulators + 2 weight halves + 1 broadcast); more rows take several
+// passes over the block, the later ones from L1/L2. Nothing is reduced across lanes: lane j of an
+// accumulator is output n = 16b + j (+ 8 for the upper ymm half), summed over k in order.
+// So every output y[m, n] is the same chain of FMAs whatever M, the tiling and the ISA are: a
+// row's result does not depend on which other rows share the call (bitwise), and the AVX2 build
+// gives the AVX-512 build's results bit for bit. The weights are prefetched
 // PREFETCH_STEPS steps (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
 // alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
 #include <torch/extension.h>
@@ -26,9 +31,18 @@
 
 namespace {
 
-constexpr int64_t LANES = 16;  // outputs per block (one zmm of float32)
-constexpr int64_t MAX_MT = 16;  // rows per tile, at most
+constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
 constexpr int64_t PREFETCH_STEPS = 128;  // k steps ahead in a block's stream (128 x 64 B)
+
+inline void prefetch_line(const float* p, int64_t k) {
+#ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
+  _mm_prefetch(reinterpret_cast<const char*>(p + (k + PREFETCH_STEPS) * LANES), _MM_HINT_T0);
+#endif
+}
+
+#if defined(__AVX512F__)
+constexpr int64_t MAX_MT = 16;  // rows per tile, at most
+constexpr const char* ISA = "avx512";
 
 template <int MT>
 inline void tile(const float* __restrict xt, int64_t ldx, const float* __restrict p, int64_t K,
@@ -38,9 +52,7 @@ inline void tile(const float* __restrict xt, int64_t ldx, const float* __restric
   __m512 acc[MT];
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-#ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
-    _mm_prefetch(reinterpret_cast<const char*>(p + (k + PREFETCH_STEPS) * LANES), _MM_HINT_T0);
-#endif
+    prefetch_line(p, k);
     const __m512 wv = _mm512_load_ps(p + k * LANES);
     const float* xk = xt + k * ldx;
     for (int i = 0; i < MT; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[i]), acc[i]);
@@ -49,13 +61,59 @@ inline void tile(const float* __restrict xt, int64_t ldx, const float* __restric
   const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
   for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * ldy + n, mask, _mm512_add_ps(acc[i], b));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t MAX_MT = 6;  // rows per tile, at most: 2 x 6 accumulators + 3 of the 16 ymm registers
+constexpr const char* ISA = "avx2";
+
+inline __m256i first_lanes(int64_t count) {  // lanes 0 .. count-1 set (count clamped to 0..8)
+  const int64_t c = std::min<int64_t>(8, std::max<int64_t>(0, count));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <int MT>
+inline void tile(const float* __restrict xt, int64_t ldx, const float* __restrict p, int64_t K,
+                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+  // as the AVX-512 tile; lo/hi: outputs n .. n + 7 and n + 8 .. n + 15 of each row. The unroll
+  // pragmas keep the accumulators in registers: without them GCC also stored every accumulator to
+  // the stack on each k step (3x slower at 4-16 rows).
+  __m256 lo[MT], hi[MT];
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; ++i) {
+    lo[i] = _mm256_setzero_ps();
+    hi[i] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    prefetch_line(p, k);
+    const __m256 w0 = _mm256_load_ps(p + k * LANES), w1 = _mm256_load_ps(p + k * LANES + 8);
+    const float* xk = xt + k * ldx;
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) {
+      const __m256 xb = _mm256_broadcast_ss(xk + i);
+      lo[i] = _mm256_fmadd_ps(w0, xb, lo[i]);
+      hi[i] = _mm256_fmadd_ps(w1, xb, hi[i]);
+    }
+  }
+  const __m256i m0 = first_lanes(N - n), m1 = first_lanes(N - n - 8);
+  const __m256 b0 = bias ? _mm256_maskload_ps(bias + n, m0) : _mm256_setzero_ps();
+  const __m256 b1 = bias ? _mm256_maskload_ps(bias + n + 8, m1) : _mm256_setzero_ps();
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; ++i) {
+    _mm256_maskstore_ps(y + i * ldy + n, m0, _mm256_add_ps(lo[i], b0));
+    _mm256_maskstore_ps(y + i * ldy + n + 8, m1, _mm256_add_ps(hi[i], b1));
+  }
+}
+#else
+#error "cpu_gemm.cpp needs AVX-512F or AVX2 + FMA (build with -mavx512f or -mavx2 -mfma)"
+#endif
 
 void rows_tile(int64_t rows, const float* xt, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
                int64_t n, int64_t N, const float* bias) {
   switch (rows) {
 #define CASE(R) case R: tile<R>(xt, ldx, p, K, y, ldy, n, N, bias); break;
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-    CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#if defined(__AVX512F__)
+    CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#endif
 #undef CASE
     default: TORCH_CHECK(false, "cpu_gemm: tile rows out of range");
   }
@@ -86,7 +144,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& p, int6
   }
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
-  // rows in groups of at most 16, as even as possible (a group re-reads the block from L1/L2)
+  // rows in groups of at most MAX_MT, as even as possible (a group re-reads the block from L1/L2)
   const int64_t groups = (M + MAX_MT - 1) / MAX_MT, per = (M + groups - 1) / groups;
   std::vector<float> xt_buf(K * M);  // (K, M)
   const auto xa = x.accessor<float, 2>();
@@ -107,5 +165,6 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& p, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "the packed copy (ceil(N/16), K, 16) of a float32 weight (N, K)");
-  m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32, AVX-512)");
+  m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32, AVX-512 or AVX2)");
+  m.attr("ISA") = ISA;
 }

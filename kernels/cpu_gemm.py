@@ -1,4 +1,4 @@
-"""A float32 linear layer for few rows on x86 CPUs with AVX-512 (``cpu_gemm.cpp`` beside this file).
+"""A float32 linear layer for few rows on x86 CPUs with AVX-512 or AVX2 + FMA (``cpu_gemm.cpp`` beside this file).
 
 A decoding step multiplies 1-32 rows (one token, a padded tree) by every weight of the model. On
 the 2-core machines this project is developed on, MKL's GEMM streams the weights at 11-16 GB/s
@@ -16,7 +16,9 @@ Three things, as for the Triton kernel:
 * :func:`available` / :func:`unavailable_reason`: whether this machine has it. The extension is
   compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~30 s,
   once per machine and source: cached under ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose
-  flags include AVX-512F.
+  flags include AVX-512F (the zmm build) or AVX2 and FMA (the ymm build, e.g. AMD Zen 3); both
+  builds compute every output by the same chain of FMAs, so they give the same bits (:func:`isa`
+  says which one runs).
 
 Float32 only: a bfloat16 form of the first version's tiles (``vdpbf16ps``, AVX512-BF16) was written and
 measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products,
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 
 from eagle.runtime import cpu_flags as _cpu_flags
 
-__all__ = ["available", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight"]
+__all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _LOCK = threading.Lock()
@@ -51,9 +53,20 @@ _TRIED = False
 _PACKS: dict[tuple, tuple] = {}
 
 
-def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE):
+# instruction sets the kernel is built for, best first: (name, CPU flags it needs, compiler flags)
+ISAS = (("avx512", ("avx512f",), ("-mavx512f", "-mfma")), ("avx2", ("avx2", "fma"), ("-mavx2", "-mfma")))
+
+
+def _machine_isa(flags: set[str] | None = None) -> str | None:
+    """The best of :data:`ISAS` this CPU has (``flags``: its feature flags), or ``None``."""
+    flags = _cpu_flags() if flags is None else flags
+    return next((name for name, need, _ in ISAS if all(f in flags for f in need)), None)
+
+
+def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE, isa: str | None = None):
     """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``/``source``:
-    another build, with preprocessor switches or of another version of the source (benchmarks only)."""
+    another build, with preprocessor switches or of another version of the source (benchmarks only);
+    ``isa``: one of :data:`ISAS` (default: this CPU's best)."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -67,10 +80,14 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
 
     # the source's hash in the folder: a new source never rebuilds over a library a running process has loaded
     digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:10]
-    folder = cache_dir() / "torch_extensions" / f"cpu_gemm{variant}-torch{torch.__version__.split('+')[0]}-{digest}"
+    isa = isa or _machine_isa()
+    isa_flags = next(cflags for name, _, cflags in ISAS if name == isa)
+    folder = (cache_dir() / "torch_extensions"
+              / f"cpu_gemm{variant}-{isa}-torch{torch.__version__.split('+')[0]}-{digest}")
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}", sources=[str(source)], build_directory=str(folder),
-                extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp", *(f"-D{d}" for d in defines)],
+    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}_{isa}", sources=[str(source)],
+                build_directory=str(folder),
+                extra_cflags=["-O3", *isa_flags, "-fopenmp", *(f"-D{d}" for d in defines)],
                 extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -86,8 +103,8 @@ def _load():
             _REASON = "disabled by EAGLE_CPU_GEMM=0"
         elif platform.machine().lower() not in ("x86_64", "amd64"):
             _REASON = f"needs an x86-64 CPU (this is {platform.machine()})"
-        elif "avx512f" not in _cpu_flags():
-            _REASON = "needs a CPU with AVX-512F"
+        elif _machine_isa() is None:
+            _REASON = "needs a CPU with AVX-512F or AVX2 + FMA"
         else:
             try:
                 _EXT = _build()
@@ -101,6 +118,12 @@ def _load():
 def available() -> bool:
     """Whether :func:`small_linear` runs the AVX-512 kernel on this machine (builds it on first call)."""
     return _load() is not None
+
+
+def isa() -> str | None:
+    """Which build runs: ``"avx512"`` or ``"avx2"`` (``None`` where the kernel is not available)."""
+    ext = _load()
+    return None if ext is None else ext.ISA
 
 
 def unavailable_reason() -> str | None:
@@ -148,7 +171,7 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x (..., K) @ weight (N, K).T + bias -> (..., N)`` through the AVX-512 kernel where it applies
+    """``x (..., K) @ weight (N, K).T + bias -> (..., N)`` through the AVX-512 / AVX2 kernel where it applies
     (float32 CPU tensors, no autograd, kernel available), else :func:`small_linear_reference`.
     Meant for few rows: it reads each weight once but keeps all rows' work on the vector units,
     so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster. The first call

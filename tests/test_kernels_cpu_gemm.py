@@ -43,8 +43,8 @@ def test_model_shapes_and_leading_dims():
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
-    equal to one-token products), for M across the tile sizes (1-16 rows of one block) and the
-    groups of more than 16 rows."""
+    equal to one-token products), for M across the tile sizes (1-16 rows of one block with AVX-512,
+    1-6 with AVX2) and the groups of more rows."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
     x = torch.randn(37, 577, generator=gen)
@@ -53,6 +53,47 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
         assert torch.equal(full[m], cpu_gemm.small_linear(x[m:m + 1], w, b)[0])
     for rows in (2, 3, 6, 13, 16, 17, 24):
         assert torch.equal(full[:rows], cpu_gemm.small_linear(x[:rows], w, b))
+
+
+def _fma32(a: float, b: float, c: float) -> float:
+    """``a * b + c`` of float32 values, rounded once to float32 (nearest, ties to even): the
+    exact result as a Fraction, then the nearest of the float32 values around it."""
+    import numpy as np
+    from fractions import Fraction
+
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    f = np.float32(float(exact))
+    cands = [f, np.nextafter(f, np.float32(np.inf)), np.nextafter(f, np.float32(-np.inf))]
+    best = min(abs(Fraction(float(v)) - exact) for v in cands)
+    near = [v for v in cands if abs(Fraction(float(v)) - exact) == best]
+    return float(min(near, key=lambda v: int(v.view(np.int32)) & 1))  # a tie: the even one
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 5, 7, 18])
+def test_every_output_is_the_float32_fma_chain_over_k(M):
+    """Bitwise: y[m, n] = fma(w[n, K-1], x[m, K-1], ... fma(w[n, 0], x[m, 0], 0)) + b[n] in float32,
+    whatever the build (AVX-512 or AVX2), the tile and the row groups: what makes both builds give
+    the same bits, and a tree's products the one-token products."""
+    gen = torch.Generator().manual_seed(7)
+    N, K = 19, 23  # a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile
+    x, w, b = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
+    y = cpu_gemm.small_linear(x, w, b)
+    xs, ws, bs = x.tolist(), w.tolist(), b.tolist()
+    want = torch.empty(M, N)
+    for m in range(M):
+        for n in range(N):
+            acc = 0.0
+            for k in range(K):
+                acc = _fma32(ws[n][k], xs[m][k], acc)
+            want[m, n] = torch.tensor(acc, dtype=torch.float32) + torch.tensor(bs[n], dtype=torch.float32)
+    assert torch.equal(y, want)
+
+
+def test_the_build_follows_the_cpu_flags():
+    assert cpu_gemm._machine_isa({"avx2", "fma", "avx512f"}) == "avx512"
+    assert cpu_gemm._machine_isa({"avx2", "fma"}) == "avx2"
+    assert cpu_gemm._machine_isa({"avx2"}) is None and cpu_gemm._machine_isa(set()) is None
 
 
 @needs_kernel
@@ -101,22 +142,24 @@ def test_packed_copy_is_kept_remade_after_an_update_and_dropped_with_the_weight(
 def test_unavailable_means_the_reference(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "_EXT", None)
     monkeypatch.setattr(cpu_gemm, "_TRIED", True)
-    monkeypatch.setattr(cpu_gemm, "_REASON", "needs a CPU with AVX-512F")
+    monkeypatch.setattr(cpu_gemm, "_REASON", "needs a CPU with AVX-512F or AVX2 + FMA")
     x, w = torch.randn(2, 16), torch.randn(8, 16)
-    assert not cpu_gemm.available() and cpu_gemm.unavailable_reason() == "needs a CPU with AVX-512F"
+    assert not cpu_gemm.available() and cpu_gemm.unavailable_reason() == "needs a CPU with AVX-512F or AVX2 + FMA"
+    assert cpu_gemm.isa() is None
     assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
 
 
 
-@pytest.mark.parametrize("case", ["disabled", "build fails", "no avx512"])
+@pytest.mark.parametrize("case", ["disabled", "build fails", "no avx512 or avx2"])
 def test_where_the_kernel_cannot_run_it_says_why(case, monkeypatch):
-    """EAGLE_CPU_GEMM=0, a failed build (no compiler, ...) and a CPU without AVX-512F each leave the
+    """EAGLE_CPU_GEMM=0, a failed build (no compiler, ...) and a CPU with neither AVX-512F nor AVX2 +
+    FMA (here: AVX2 alone) each leave the
     kernel off with a reason (a failed build also warns once) and small_linear == F.linear."""
     monkeypatch.setattr(cpu_gemm, "_EXT", None)
     monkeypatch.setattr(cpu_gemm, "_TRIED", False)
     monkeypatch.setattr(cpu_gemm, "_REASON", None)
     monkeypatch.setattr(cpu_gemm.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(cpu_gemm, "_cpu_flags", lambda: set() if case == "no avx512" else {"avx512f"})
+    monkeypatch.setattr(cpu_gemm, "_cpu_flags", lambda: {"avx2"} if case == "no avx512 or avx2" else {"avx512f"})
     if case == "disabled":
         monkeypatch.setenv("EAGLE_CPU_GEMM", "0")
 
@@ -130,7 +173,7 @@ def test_where_the_kernel_cannot_run_it_says_why(case, monkeypatch):
     else:
         assert not cpu_gemm.available()
     reason = cpu_gemm.unavailable_reason()
-    assert reason == {"disabled": "disabled by EAGLE_CPU_GEMM=0", "no avx512": "needs a CPU with AVX-512F",
+    assert reason == {"disabled": "disabled by EAGLE_CPU_GEMM=0", "no avx512 or avx2": "needs a CPU with AVX-512F or AVX2 + FMA",
                       "build fails": "could not build kernels/cpu_gemm.cpp: OSError: g++: command not found"}[case]
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     assert torch.equal(cpu_gemm.small_linear(x, w), F.linear(x, w))
