@@ -20,7 +20,7 @@ rows   ``plain``   ``transposed``   ``packed``
 * ``packed``: MKL's packed GEMM with a copy of the weight packed for that row count (about the
   weight's size in memory; tried from ``MIN_ROWS`` rows, weights that are not being trained).
 
-* ``stream``: the small-row AVX-512 kernel (``kernels/cpu_gemm.py``), where this machine has it
+* ``stream``: the small-row AVX-512 / AVX2 kernel (``kernels/cpu_gemm.py``), where this machine has it
   (on the AMD EPYC it runs a step's products, this head included, about 2x faster than ``F.linear``:
   ``python kernels/bench_cpu_gemm.py``, docs/results.md).
 

@@ -1,5 +1,5 @@
 """Faster float32 GEMMs for the target's linear layers on the CPU, on a twin of the model: MKL's
-packed GEMM, or the small-row AVX-512 kernel of ``kernels/cpu_gemm.py``, per row count, by measurement.
+packed GEMM, or the small-row AVX-512 / AVX2 kernel of ``kernels/cpu_gemm.py``, per row count, by measurement.
 
 Why: MKL's ordinary float32 GEMM runs a step of 4-32 rows (a tree) 2-3x slower than one row
 against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 row 35 ms, 8 rows

@@ -129,21 +129,29 @@ torch::Tensor pack(const torch::Tensor& w) {
   return padded.view({blocks, LANES, K}).transpose(1, 2).contiguous();  // (blocks, K, 16)
 }
 
-torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& p, int64_t N,
+torch::Tensor packed_linear(const torch::Tensor& x_in, const torch::Tensor& p, int64_t N,
                             const c10::optional<torch::Tensor>& b) {
-  TORCH_CHECK(x.dim() == 2 && p.dim() == 3 && p.size(2) == LANES && x.size(1) == p.size(1),
-              "packed_linear: x (M, K) and a packed weight (blocks, K, 16)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat, "packed_linear: float32 only");
+  // x_in (..., K), any strides -> y (..., N); the leading dimensions are flattened here rather than
+  // by the caller (each tensor call from Python costs microseconds, and a step makes 211 of these)
+  TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
+              "packed_linear: x (..., K) and a packed weight (blocks, K, 16)");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat, "packed_linear: float32 only");
+  TORCH_CHECK(x_in.device().is_cpu() && p.device().is_cpu(), "packed_linear: CPU tensors only");
   TORCH_CHECK(p.is_contiguous() && N > (p.size(0) - 1) * LANES && N <= p.size(0) * LANES,
               "packed_linear: N does not match the packed weight");
+  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
   const int64_t M = x.size(0), K = x.size(1), blocks = p.size(0);
+  std::vector<int64_t> out_shape = x_in.sizes().vec();
+  out_shape.back() = N;
   const float* bias = nullptr;
+  torch::Tensor bc;
   if (b.has_value() && b->defined()) {
-    TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->numel() == N, "packed_linear: bias (N,)");
-    bias = b->data_ptr<float>();
+    TORCH_CHECK(b->scalar_type() == at::kFloat && b->numel() == N, "packed_linear: bias (N,)");
+    bc = b->contiguous();
+    bias = bc.data_ptr<float>();
   }
   auto y = torch::empty({M, N}, x.options());
-  if (M == 0) return y;
+  if (M == 0) return y.view(out_shape);
   // rows in groups of at most MAX_MT, as even as possible (a group re-reads the block from L1/L2)
   const int64_t groups = (M + MAX_MT - 1) / MAX_MT, per = (M + groups - 1) / groups;
   std::vector<float> xt_buf(K * M);  // (K, M)
@@ -160,7 +168,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& p, int6
       for (int64_t m = 0; m < M; m += per)
         rows_tile(std::min(per, M - m), xt + m, M, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
   });
-  return y;
+  return y.view(out_shape);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -134,9 +134,9 @@ def unavailable_reason() -> str | None:
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel applies to these tensors: float32 CPU tensors, no autograd."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and weight.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and weight.dim() == 2)
+    # tensor attributes only (``.is_cpu``, not ``.device.type``): this runs on every product of a step
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
+            and weight.ndim == 2 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
 def small_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,17 +176,15 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     Meant for few rows: it reads each weight once but keeps all rows' work on the vector units,
     so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster. The first call
     with a weight packs it (:func:`packed_weight`)."""
-    ext = _load()
+    ext = _EXT if _TRIED else _load()
     if ext is None or not supports(x, weight) or (bias is not None and bias.dtype != x.dtype):
         return small_linear_reference(x, weight, bias)
-    K = x.shape[-1]
-    x2 = x.reshape(-1, K)  # (M, K), any strides
     if torch.compiler.is_compiling():  # inside torch.compile: the registered op (no graph break)
-        y = torch.ops.eagle.small_linear(x2, weight, bias)
-    else:  # eager: the extension directly (the op's dispatch would add ~5 us per call)
-        y = ext.packed_linear(x2, packed_weight(weight), weight.shape[0],
-                              None if bias is None else bias.contiguous())  # (M, N)
-    return y.view(*x.shape[:-1], weight.shape[0])
+        y = torch.ops.eagle.small_linear(x.reshape(-1, x.shape[-1]), weight, bias)  # (M, N)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    # eager: the extension directly (the op's dispatch would add ~5 us per call); it flattens x's
+    # leading dimensions itself and returns (..., N)
+    return ext.packed_linear(x, packed_weight(weight), weight.shape[0], bias)
 
 
 @torch.library.custom_op("eagle::small_linear", mutates_args=())
@@ -196,7 +194,7 @@ def small_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     ext = _load()
     if ext is None:
         return F.linear(x, weight, bias)
-    return ext.packed_linear(x, packed_weight(weight), weight.shape[0], None if bias is None else bias.contiguous())
+    return ext.packed_linear(x, packed_weight(weight), weight.shape[0], bias)
 
 
 @small_linear_op.register_fake
