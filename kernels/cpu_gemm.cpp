@@ -22,8 +22,13 @@
 // gives the AVX-512 build's results bit for bit. The weights are prefetched
 // PREFETCH_STEPS steps (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
 // alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
-#include <torch/extension.h>
+// Only the headers it uses, not <torch/extension.h>: the build takes ~18 s instead of ~45 s on the
+// 2-core machine (it runs once per machine, on the first `make demo`)
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -121,16 +126,16 @@ void rows_tile(int64_t rows, const float* xt, int64_t ldx, const float* p, int64
 
 }  // namespace
 
-torch::Tensor pack(const torch::Tensor& w) {
+at::Tensor pack(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "pack: a float32 weight (N, K)");
   const int64_t N = w.size(0), K = w.size(1), blocks = (N + LANES - 1) / LANES;
-  auto padded = torch::zeros({blocks * LANES, K}, w.options());
+  auto padded = at::zeros({blocks * LANES, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
   return padded.view({blocks, LANES, K}).transpose(1, 2).contiguous();  // (blocks, K, 16)
 }
 
-torch::Tensor packed_linear(const torch::Tensor& x_in, const torch::Tensor& p, int64_t N,
-                            const c10::optional<torch::Tensor>& b) {
+at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
+                            const c10::optional<at::Tensor>& b) {
   // x_in (..., K), any strides -> y (..., N); the leading dimensions are flattened here rather than
   // by the caller (each tensor call from Python costs microseconds, and a step makes 211 of these)
   TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
@@ -144,13 +149,13 @@ torch::Tensor packed_linear(const torch::Tensor& x_in, const torch::Tensor& p, i
   std::vector<int64_t> out_shape = x_in.sizes().vec();
   out_shape.back() = N;
   const float* bias = nullptr;
-  torch::Tensor bc;
+  at::Tensor bc;
   if (b.has_value() && b->defined()) {
     TORCH_CHECK(b->scalar_type() == at::kFloat && b->numel() == N, "packed_linear: bias (N,)");
     bc = b->contiguous();
     bias = bc.data_ptr<float>();
   }
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y.view(out_shape);
   // rows in groups of at most MAX_MT, as even as possible (a group re-reads the block from L1/L2)
   const int64_t groups = (M + MAX_MT - 1) / MAX_MT, per = (M + groups - 1) / groups;

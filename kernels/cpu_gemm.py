@@ -14,7 +14,7 @@ Three things, as for the Triton kernel:
   :func:`packed_weight` is the packed copy it uses;
 * :func:`small_linear_reference`: ``F.linear``, the obviously-correct version;
 * :func:`available` / :func:`unavailable_reason`: whether this machine has it. The extension is
-  compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~30 s,
+  compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~20 s,
   once per machine and source: cached under ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose
   flags include AVX-512F (the zmm build) or AVX2 and FMA (the ymm build, e.g. AMD Zen 3); both
   builds compute every output by the same chain of FMAs, so they give the same bits (:func:`isa`

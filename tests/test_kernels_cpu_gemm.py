@@ -96,6 +96,27 @@ def test_the_build_follows_the_cpu_flags():
     assert cpu_gemm._machine_isa({"avx2"}) is None and cpu_gemm._machine_isa(set()) is None
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("isa", [name for name, _, _ in cpu_gemm.ISAS])
+def test_each_instruction_set_form_of_the_source_compiles(isa):
+    """Both forms of cpu_gemm.cpp compile (syntax and intrinsics, not run): a machine of one kind
+    (and its CI) cannot run the other form, so this catches a change that breaks it."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    flags = next(cflags for name, _, cflags in cpu_gemm.ISAS if name == isa)
+    includes = [f"-I{d}" for d in [*include_paths(), sysconfig.get_paths()["include"]]]
+    run = subprocess.run([cxx, "-fsyntax-only", "-std=c++17", "-fopenmp", *flags, *includes,
+                          "-DTORCH_EXTENSION_NAME=check", str(cpu_gemm._SOURCE)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 @needs_kernel
 def test_non_contiguous_inputs_and_what_goes_to_the_reference():
     gen = torch.Generator().manual_seed(2)
