@@ -33,7 +33,6 @@ through oneDNN) and other devices always take ``F.linear``; one row chooses betw
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +40,7 @@ import torch
 from kernels import cpu_gemm
 
 from .packed import MIN_ROWS, packed_gemm_available
+from .weightmemo import WeightMemo
 
 __all__ = ["project"]
 
@@ -55,14 +55,13 @@ def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Ten
 
 @dataclass
 class _Choice:
-    way: str  # "plain" | "transposed" | "packed"
-    weight: weakref.ref  # the weight it was measured for (a freed weight's address may be reused)
-    version: int  # the weight's version counter then: an in-place update invalidates a packed copy
+    way: str  # "plain" | "transposed" | "packed" | "stream"
     packed: torch.Tensor | None = None  # the packed copy, when "packed" won
 
 
-# (rows, V, H, weight pointer) -> the way measured fastest for that product
-_CHOICE: dict[tuple, _Choice] = {}
+# (weight, rows) -> the way measured fastest for that product (measured again after an in-place
+# update of the weight, which would leave a packed copy stale; dropped with the weight)
+_CHOICE = WeightMemo()
 
 
 def _candidates(rows: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
@@ -92,11 +91,6 @@ def _measure(hidden: torch.Tensor, weight: torch.Tensor, ways: dict, repeats: in
     return min(best, key=best.get)
 
 
-def _forget(key: tuple, choice: _Choice) -> None:
-    if _CHOICE.get(key) is choice:
-        del _CHOICE[key]
-
-
 def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``hidden (T, H) @ weight (V, H).T -> (T, V)``, row-major, by the way measured fastest for
     this row count and weight (see the module docstring)."""
@@ -104,14 +98,11 @@ def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or hidden.dim() != 2:
         return _project_plain(hidden, weight)
     hidden = hidden.contiguous()
-    key = (rows, *weight.shape, weight.data_ptr())
-    choice = _CHOICE.get(key)
-    if choice is None or choice.weight() is not weight or choice.version != weight._version:
+    choice = _CHOICE.get(weight, (rows,))
+    if choice is None:
         ways, packed = _candidates(rows, hidden, weight)
         way = _measure(hidden, weight, ways) if len(ways) > 1 else "plain"  # one way: nothing to time
-        choice = _Choice(way, None, weight._version, packed if way == "packed" else None)
-        choice.weight = weakref.ref(weight, lambda _, key=key, choice=choice: _forget(key, choice))
-        _CHOICE[key] = choice
+        choice = _CHOICE.put(weight, _Choice(way, packed if way == "packed" else None), (rows,))
     if choice.way == "packed":
         return torch.ops.mkl._mkl_linear(hidden, choice.packed, weight, None, rows)
     if choice.way == "stream":

@@ -34,13 +34,13 @@ import os
 import platform
 import threading
 import warnings
-import weakref
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from eagle.runtime import cpu_flags as _cpu_flags
+from eagle.weightmemo import WeightMemo
 
 __all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight"]
 
@@ -49,8 +49,7 @@ _LOCK = threading.Lock()
 _EXT = None  # the loaded extension module
 _REASON: str | None = None  # why it is unavailable (None: not tried yet, or available)
 _TRIED = False
-# (data pointer, shape, strides) of a weight -> (weak reference to it, its version then, packed copy)
-_PACKS: dict[tuple, tuple] = {}
+_PACKS = WeightMemo()  # weight -> its packed copy
 
 
 # instruction sets the kernel is built for, best first: (name, CPU flags it needs, compiler flags)
@@ -144,12 +143,6 @@ def small_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return F.linear(x, weight, bias)
 
 
-def _forget(key: tuple, ref) -> None:
-    entry = _PACKS.get(key)
-    if entry is not None and entry[0] is ref:
-        del _PACKS[key]
-
-
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """The kernel's packed copy ``(ceil(N/16), K, 16)`` of a float32 CPU ``weight (N, K)``: made on
     first use and kept while the weight lives; made again after an in-place update of the weight
@@ -158,16 +151,12 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     ext = _load()
     if ext is None:
         raise RuntimeError(f"the small-row kernel is not available: {_REASON}")
-    key = (weight.data_ptr(), tuple(weight.shape), weight.stride())
-    entry = _PACKS.get(key)
-    if entry is not None and entry[0]() is not None and entry[1] == weight._version:
-        return entry[2]
+    packed = _PACKS.get(weight)
+    if packed is not None:
+        return packed
     with _LOCK:
         with torch.no_grad():
-            packed = ext.pack(weight.detach())  # (blocks, K, 16)
-        ref = weakref.ref(weight, lambda r, key=key: _forget(key, r))
-        _PACKS[key] = (ref, weight._version, packed)
-    return packed
+            return _PACKS.put(weight, ext.pack(weight.detach()))  # (blocks, K, 16)
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

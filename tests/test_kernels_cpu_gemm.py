@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from eagle.weightmemo import WeightMemo
 from kernels import cpu_gemm
 
 needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
@@ -153,11 +154,11 @@ def test_packed_copy_is_kept_remade_after_an_update_and_dropped_with_the_weight(
         w.mul_(-2.0)
     assert cpu_gemm.packed_weight(w) is not p
     torch.testing.assert_close(cpu_gemm.small_linear(x, w), -2.0 * before, atol=1e-5, rtol=1e-5)
-    key = (w.data_ptr(), tuple(w.shape), w.stride())
-    assert key in cpu_gemm._PACKS
+    key = WeightMemo._key(w, ())
+    assert key in cpu_gemm._PACKS._entries
     del w
     gc.collect()
-    assert key not in cpu_gemm._PACKS
+    assert key not in cpu_gemm._PACKS._entries
 
 
 def test_unavailable_means_the_reference(monkeypatch):

@@ -9,6 +9,7 @@ import torch
 
 import eagle.lmhead as lmhead
 from eagle.packed import packed_gemm_available
+from eagle.weightmemo import WeightMemo
 from kernels import cpu_gemm
 
 STREAM = ["stream"] if cpu_gemm.available() else []
@@ -45,7 +46,7 @@ def test_the_choice_is_measured_once_and_kept(rows, winner, monkeypatch):
     w, x = torch.randn(300, 24), torch.randn(rows, 24)
     ref = torch.nn.functional.linear(x, w)
     measured = []
-    monkeypatch.setattr(lmhead, "_CHOICE", {})
+    monkeypatch.setattr(lmhead, "_CHOICE", WeightMemo())
     monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: measured.append(tuple(h.shape)) or
                         (winner if winner in ways else "plain"))
     for _ in range(3):
@@ -64,7 +65,7 @@ def test_the_choice_is_measured_once_and_kept(rows, winner, monkeypatch):
 def test_an_updated_or_freed_weight_is_measured_again(winner, monkeypatch):
     """An in-place update of the weight (a packed copy would be stale) and a new weight at a reused
     address are measured afresh; a freed weight's entry (and packed copy) goes with it."""
-    monkeypatch.setattr(lmhead, "_CHOICE", {})
+    monkeypatch.setattr(lmhead, "_CHOICE", WeightMemo())
     calls = []
     monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: calls.append(1) or winner)
     w, x = torch.randn(300, 24), torch.randn(8, 24)
@@ -75,13 +76,13 @@ def test_an_updated_or_freed_weight_is_measured_again(winner, monkeypatch):
     assert len(calls) == 2 and len(lmhead._CHOICE) == 1
     del w
     gc.collect()
-    assert lmhead._CHOICE == {}
+    assert len(lmhead._CHOICE) == 0
 
 
 def test_other_dtypes_and_trained_weights():
     w, x = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
     assert torch.equal(lmhead.project(x, w), torch.nn.functional.linear(x, w))
-    assert (4, 64, 16, w.data_ptr()) not in lmhead._CHOICE
+    assert lmhead._CHOICE.get(w, (4,)) is None
     ways, packed = lmhead._candidates(8, torch.randn(8, 16), torch.randn(64, 16, requires_grad=True))
     assert "packed" not in ways and "stream" not in ways and packed is None  # a weight being trained: autograd's way
 
