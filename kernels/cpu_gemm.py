@@ -62,10 +62,10 @@ def _machine_isa(flags: set[str] | None = None) -> str | None:
     return next((name for name, need, _ in ISAS if all(f in flags for f in need)), None)
 
 
-def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE, isa: str | None = None):
+def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE):
     """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``/``source``:
-    another build, with preprocessor switches or of another version of the source (benchmarks only);
-    ``isa``: one of :data:`ISAS` (default: this CPU's best)."""
+    another build, with preprocessor switches or of another version of the source (benchmarks only).
+    Built for the best of :data:`ISAS` this CPU has."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -79,7 +79,7 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
 
     # the source's hash in the folder: a new source never rebuilds over a library a running process has loaded
     digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:10]
-    isa = isa or _machine_isa()
+    isa = _machine_isa()
     isa_flags = next(cflags for name, _, cflags in ISAS if name == isa)
     folder = (cache_dir() / "torch_extensions"
               / f"cpu_gemm{variant}-{isa}-torch{torch.__version__.split('+')[0]}-{digest}")
