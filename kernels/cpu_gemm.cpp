@@ -135,7 +135,7 @@ at::Tensor pack(const at::Tensor& w) {
 }
 
 at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
-                            const c10::optional<at::Tensor>& b) {
+                         const c10::optional<at::Tensor>& b) {
   // x_in (..., K), any strides -> y (..., N); the leading dimensions are flattened here rather than
   // by the caller (each tensor call from Python costs microseconds, and a step makes 211 of these)
   TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
