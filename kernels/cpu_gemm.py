@@ -165,7 +165,7 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     Meant for few rows: it reads each weight once but keeps all rows' work on the vector units,
     so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster. The first call
     with a weight packs it (:func:`packed_weight`)."""
-    ext = _EXT if _TRIED else _load()
+    ext = _load()
     if ext is None or not supports(x, weight) or (bias is not None and bias.dtype != x.dtype):
         return small_linear_reference(x, weight, bias)
     if torch.compiler.is_compiling():  # inside torch.compile: the registered op (no graph break)
