@@ -71,13 +71,13 @@ def _fma32(a: float, b: float, c: float) -> float:
 
 
 @needs_kernel
-@pytest.mark.parametrize("M", [1, 5, 7, 18])
-def test_every_output_is_the_float32_fma_chain_over_k(M):
+@pytest.mark.parametrize("M,K", [(1, 23), (5, 23), (7, 23), (18, 23), (7, 300), (18, 300)])
+def test_every_output_is_the_float32_fma_chain_over_k(M, K):
     """Bitwise: y[m, n] = fma(w[n, K-1], x[m, K-1], ... fma(w[n, 0], x[m, 0], 0)) + b[n] in float32,
-    whatever the build (AVX-512 or AVX2), the tile and the row groups: what makes both builds give
-    the same bits, and a tree's products the one-token products."""
+    whatever the build (AVX-512 or AVX2), the tile, the row groups and their panels of x: what
+    makes both builds give the same bits, and a tree's products the one-token products."""
     gen = torch.Generator().manual_seed(7)
-    N, K = 19, 23  # a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile
+    N = 19  # a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile
     x, w, b = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
     y = cpu_gemm.small_linear(x, w, b)
     xs, ws, bs = x.tolist(), w.tolist(), b.tolist()
