@@ -1,8 +1,12 @@
 """A preallocated KV cache written by slot (gpt-fast style), as a transformers ``Cache``.
 
-Every layer owns one ``(B, H_kv, capacity, D)`` key and value buffer, allocated on the first write
-(when heads, head size, dtype and device are known) and reused for the rest of the generation
-(the decoder makes one cache per ``generate`` call). A forward writes its T new entries at the slots it names
+All layers' keys live in one ``(L, B, H_kv, capacity, D)`` buffer and their values in another,
+allocated on the first write (when heads, head size, dtype and device are known) and reused for
+the rest of the generation (the decoder makes one cache per ``generate`` call); each layer's
+``(B, H_kv, capacity, D)`` buffers are views of them. One buffer, not one per layer, so that a
+layer finds its entries by indexing a tensor with its ``layer_idx``: a compiled decoder layer
+then serves every layer with one graph (``layer_idx`` a symbolic integer), where indexing a
+Python list would specialize the graph to each layer. A forward writes its T new entries at the slots it names
 (``cache_slots``, a ``(T,)`` tensor passed through the model's forward kwargs, which transformers
 hands on to ``Cache.update``); nothing on the model changes. The attention then reads either
 
@@ -25,7 +29,8 @@ __all__ = ["SlotCache", "SlotLayer"]
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's ``(B, H_kv, capacity, D)`` key/value buffers, written at explicit slots."""
+    """One layer's ``(B, H_kv, capacity, D)`` key/value buffers: views of its :class:`SlotCache`'s
+    stacked buffers (written through :meth:`SlotCache.update`)."""
 
     is_compileable = True
     is_sliding = False
@@ -35,38 +40,10 @@ class SlotLayer(CacheLayerMixin):
         self.capacity = capacity
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, H, _, Dk = key_states.shape
-        self.keys = key_states.new_zeros(B, H, self.capacity, Dk)  # (B, H_kv, capacity, D)
-        self.values = value_states.new_zeros(B, H, self.capacity, value_states.shape[-1])
-        self.is_initialized = True
+        raise NotImplementedError("a SlotLayer's buffers are views that its SlotCache allocates")
 
-    def grow(self, capacity: int) -> None:
-        """Reallocate to ``capacity`` slots, keeping what is written (rare: only when a generation
-        needs more room than any before it)."""
-        if capacity <= self.capacity:
-            return
-        if self.is_initialized:
-            keys = self.keys.new_zeros(*self.keys.shape[:2], capacity, self.keys.shape[-1])
-            values = self.values.new_zeros(*self.values.shape[:2], capacity, self.values.shape[-1])
-            keys[:, :, : self.capacity] = self.keys
-            values[:, :, : self.capacity] = self.values
-            self.keys, self.values = keys, values
-        self.capacity = capacity
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **_):
-        """``key_states (B, H_kv, T, D)`` go to slots ``kwargs["cache_slots"] (T,)``; returns the
-        first ``kwargs["cache_kv_len"]`` slots, or the whole buffer when that is not given."""
-        if kwargs is None or kwargs.get("cache_slots") is None:
-            raise ValueError("SlotCache needs the slots to write: pass cache_slots=(T,) tensor to the forward")
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        slots = kwargs["cache_slots"]
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        n = kwargs.get("cache_kv_len")
-        if n is None:
-            return self.keys, self.values
-        return self.keys[:, :, :n], self.values[:, :, :n]
+    def update(self, *args, **kwargs):
+        raise NotImplementedError("write through SlotCache.update(key_states, value_states, layer_idx, kwargs=...)")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.capacity, 0
@@ -77,28 +54,61 @@ class SlotLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.capacity
 
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy slots ``src (n,)`` to ``dst (n,)`` in place (gather first: ranges may overlap)."""
-        if self.is_initialized:
-            self.keys[:, :, dst] = self.keys[:, :, src]
-            self.values[:, :, dst] = self.values[:, :, src]
-
 
 class SlotCache(Cache):
-    """Preallocated per-layer KV buffers for ``num_layers`` layers and ``capacity`` positions.
+    """Preallocated KV buffers for ``num_layers`` layers and ``capacity`` positions.
 
     ``length`` is the number of committed entries (slots ``0 .. length-1``). The cache never
     decides where a forward writes: the caller passes ``cache_slots`` (see the module docstring),
     then records what became final with :meth:`commit` (tree steps) or :meth:`advance` (prefill).
+    ``keys`` / ``values``: the stacked ``(L, B, H_kv, capacity, D)`` buffers (``None`` before the
+    first write); ``layers[i].keys`` is ``keys[i]``.
     """
 
     def __init__(self, num_layers: int, capacity: int):
         super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
         self.length = 0
+        self.keys: torch.Tensor | None = None  # (L, B, H_kv, capacity, D)
+        self.values: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
         return self.layers[0].capacity
+
+    def _bind(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Make ``keys`` / ``values`` the buffers, each layer's views of them included."""
+        self.keys, self.values = keys, values
+        for i, layer in enumerate(self.layers):
+            layer.keys, layer.values = keys[i], values[i]  # (B, H_kv, capacity, D)
+            layer.capacity = keys.shape[3]
+            layer.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, kwargs=None,
+               **_) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key_states (B, H_kv, T, D)`` of layer ``layer_idx`` go to slots ``kwargs["cache_slots"] (T,)``;
+        returns that layer's first ``kwargs["cache_kv_len"]`` slots, or its whole buffer when that
+        is not given."""
+        if kwargs is None or kwargs.get("cache_slots") is None:
+            raise ValueError("SlotCache needs the slots to write: pass cache_slots=(T,) tensor to the forward")
+        if self.keys is None:
+            B, H, _, D = key_states.shape
+            L, C = len(self.layers), self.capacity
+            self._bind(key_states.new_zeros(L, B, H, C, D), value_states.new_zeros(L, B, H, C, value_states.shape[-1]))
+        if torch.compiler.is_compiling():  # a tensor index: layer_idx may be symbolic (one graph for all layers)
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+        else:  # eager: the views, no indexing op
+            layer = self.layers[layer_idx]
+            keys, values = layer.keys, layer.values
+        if key_states.shape[1] != keys.shape[1] or key_states.shape[-1] != keys.shape[-1]:
+            raise ValueError(f"SlotCache: layer {layer_idx} writes keys of {tuple(key_states.shape)}, the buffers "
+                             f"hold {tuple(keys.shape)}: every layer must have the same KV heads and head size")
+        slots = kwargs["cache_slots"]
+        keys.index_copy_(2, slots, key_states)
+        values.index_copy_(2, slots, value_states)
+        n = kwargs.get("cache_kv_len")
+        if n is None:
+            return keys, values
+        return keys[:, :, :n], values[:, :, :n]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
@@ -107,9 +117,24 @@ class SlotCache(Cache):
         return self.capacity, 0
 
     def reserve(self, capacity: int) -> None:
-        """Make room for ``capacity`` positions (no-op when there is already enough)."""
-        for layer in self.layers:
-            layer.grow(capacity)
+        """Make room for ``capacity`` positions (no-op when there is already enough); reallocates,
+        keeping what is written (rare: only when a generation needs more room than any before it)."""
+        if capacity <= self.capacity:
+            return
+        if self.keys is None:
+            for layer in self.layers:
+                layer.capacity = capacity
+            return
+        keys = self.keys.new_zeros(*self.keys.shape[:3], capacity, self.keys.shape[-1])
+        values = self.values.new_zeros(*self.values.shape[:3], capacity, self.values.shape[-1])
+        keys[:, :, :, : self.capacity] = self.keys
+        values[:, :, :, : self.capacity] = self.values
+        self._bind(keys, values)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep batch rows ``keep (b',)`` of every layer, in that order (a batch that shrinks)."""
+        if self.keys is not None:
+            self._bind(self.keys[:, keep], self.values[:, keep])
 
     def reset(self) -> None:
         """Forget every entry (the buffers stay allocated and are overwritten)."""
@@ -121,14 +146,13 @@ class SlotCache(Cache):
 
     def commit(self, prefix_len: int, keep: list[int]) -> None:
         """Keep the prefix plus tree nodes ``keep`` (node i was written at slot ``prefix_len + i``),
-        moved down to slots ``prefix_len .. prefix_len + len(keep)`` in place."""
+        moved down to slots ``prefix_len .. prefix_len + len(keep)`` in place (all layers at once)."""
         n = len(keep)
-        if n and keep != list(range(n)):  # a chain prefix is already in place
-            dev = self.layers[0].keys.device if self.layers[0].is_initialized else "cpu"
-            src = prefix_len + torch.tensor(keep, device=dev)
-            dst = torch.arange(prefix_len, prefix_len + n, device=dev)
-            for layer in self.layers:
-                layer.move(src, dst)
+        if n and keep != list(range(n)) and self.keys is not None:  # a chain prefix is already in place
+            src = prefix_len + torch.tensor(keep, device=self.keys.device)
+            dst = torch.arange(prefix_len, prefix_len + n, device=self.keys.device)
+            self.keys[:, :, :, dst] = self.keys[:, :, :, src]  # gathered first: the ranges may overlap
+            self.values[:, :, :, dst] = self.values[:, :, :, src]
         self.length = prefix_len + n
 
     def crop(self, length: int) -> None:

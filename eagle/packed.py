@@ -83,11 +83,23 @@ class PackedLinear(nn.Linear):
         self.stream_upto = stream_upto
         self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
         self._version = linear.weight._version  # an in-place update of the weight drops the copies
+        # the small-row kernel's packed copy, for compiled graphs (see hold_kernel_copy)
+        self.register_buffer("kernel_packed", None, persistent=False)
+
+    def hold_kernel_copy(self) -> None:
+        """Keep the small-row kernel's packed copy of the weight as a buffer, so that a compiled
+        graph takes it as an input and calls the kernel's dispatcher op (``cpu_gemm.packed_op``)
+        directly. Made when the graphs are (a later in-place update of the weight is not seen by
+        them); eager calls keep looking the copy up (``cpu_gemm.packed_weight``)."""
+        if self.weight.dtype == torch.float32 and self.weight.is_cpu and cpu_gemm.available():
+            self.kernel_packed = cpu_gemm.packed_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if rows in self.stream_rows or 0 < rows <= self.stream_upto:
+            if self.kernel_packed is not None and torch.compiler.is_compiling() and x.dtype == torch.float32:
+                return cpu_gemm.packed_op(x, self.kernel_packed, self.out_features, self.bias)
             return cpu_gemm.small_linear(x, w, self.bias)  # F.linear where the kernel does not apply
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:

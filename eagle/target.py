@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa
+from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa, sharing_copy
 from .kv import SlotCache
 from .lmhead import project
-from .packed import linear_ways, packed_row_counts, packed_twin, stream_row_counts
+from .packed import PackedLinear, linear_ways, packed_row_counts, packed_twin, stream_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -157,6 +157,7 @@ class Target:
         # tree kernel as the op torch.ops.eagle.tree_attention, given the prefix length as a tensor
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
+        self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
         # float32 CPU, eager static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and
         # the small-row kernel (kernels/cpu_gemm.py), measured once per process (eagle/packed.py)
         # (compiled steps: the kernel only, as the op torch.ops.eagle.small_linear; MKL's packed
@@ -333,14 +334,19 @@ class Target:
         if (size, layers) in self._steps:
             return self._steps[(size, layers)]
         _inductor_cache_dir()
-        mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPU
-
         base = self._packed_base if size in self.stream_rows else None  # the small-row kernel's op inside
+        if self.device.type == "cuda":  # the whole step, as CUDA graphs
+            def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
+                return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
 
-        def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
-            return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
+            compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
+        else:  # CPU: each decoder layer compiled, one graph serving all of them (see _layerwise)
+            regional = self._layerwise(self.base if base is None else base)
 
-        compiled = torch.compile(step, dynamic=False, mode=mode)
+            def compiled(tokens, positions, masks, slots, cache, **kernel):
+                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+                    return self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
+                                     **kernel)
 
         def first_call(*args, **kwargs):
             t0 = time.perf_counter()
@@ -350,6 +356,25 @@ class Target:
             return out
 
         return first_call
+
+    def _layerwise(self, base):
+        """A parameter-sharing copy of the decoder ``base`` whose decoder layers are compiled (one
+        per ``base``, kept). Why per layer on the CPU: compiling the whole 30-layer step took 55-80 s
+        per bucket on the 2-core machines (dynamo traces every layer), and its graph still paid a
+        Python custom op per product. Here dynamo traces one layer: the layers differ only in their
+        parameters (graph inputs) and ``layer_idx``, which the slot cache uses as a tensor index
+        (eagle/kv.py), so with ``allow_unspec_int_on_nn_module`` it becomes a symbolic integer and
+        one graph serves every layer (plus one first graph specialized to layer 0). The small-row
+        kernel runs in it as its C++ dispatcher op on the packed copies the twin holds."""
+        if id(base) not in self._regional:
+            copy_ = sharing_copy(base)  # shares parameters and buffers (the kernel's packed copies too)
+            for mod in copy_.modules():
+                if isinstance(mod, PackedLinear):
+                    mod.hold_kernel_copy()
+            for layer in getattr(copy_, "layers", ()):
+                layer.compile(dynamic=None)
+            self._regional[id(base)] = copy_
+        return self._regional[id(base)]
 
     @staticmethod
     def commit(cache, prefix_len: int, keep: list[int]) -> None:

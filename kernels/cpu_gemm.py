@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
-__all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight"]
+__all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
+           "packed_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _LOCK = threading.Lock()
@@ -107,6 +108,7 @@ def _load():
         else:
             try:
                 _EXT = _build()
+                _register_op(_EXT)
             except Exception as e:  # no compiler, no headers, ...: the plain GEMM is used instead
                 _REASON = f"could not build kernels/cpu_gemm.cpp: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
@@ -174,6 +176,30 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     # eager: the extension directly (the op's dispatch would add ~5 us per call); it flattens x's
     # leading dimensions itself and returns (..., N)
     return ext.packed_linear(x, packed_weight(weight), weight.shape[0], bias)
+
+
+_OP = None  # torch.ops.<extension name>.packed_linear: the extension's function as a dispatcher op
+
+
+def _register_op(ext) -> None:
+    """Give the build's dispatcher op (registered by cpu_gemm.cpp) its shape function, for tracing."""
+    global _OP
+    name = f"{ext.__name__}::packed_linear"
+
+    def fake(x, p, n, b):
+        return x.new_empty(*x.shape[:-1], n)
+
+    torch.library.register_fake(name, fake)
+    _OP = getattr(torch.ops, ext.__name__).packed_linear
+
+
+def packed_op(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (..., K) @ w.T + bias -> (..., n)`` against ``packed = packed_weight(w)``, through the
+    extension's dispatcher op: for compiled graphs that hold the packed copy (``eagle.packed``),
+    where the op costs a C++ dispatch per call instead of :func:`small_linear_op`'s Python one."""
+    if _OP is None:
+        raise RuntimeError(f"the small-row kernel is not available: {unavailable_reason()}")
+    return _OP(x, packed, n, bias)
 
 
 @torch.library.custom_op("eagle::small_linear", mutates_args=())

@@ -16,8 +16,9 @@ V = TINY_VOCAB
 def test_slot_cache_commit_moves_slots_in_place_and_reserve_keeps_them():
     cache = SlotCache(num_layers=2, capacity=16)
     kv = torch.arange(20.0).view(1, 1, 20, 1).expand(1, 2, 20, 3).contiguous()  # slot s holds s
-    for layer in cache.layers:
-        layer.update(kv[:, :, :10], kv[:, :, :10], kwargs={"cache_slots": torch.arange(10)})
+    for i in range(2):
+        cache.update(kv[:, :, :10], kv[:, :, :10], i, kwargs={"cache_slots": torch.arange(10)})
+    assert cache.keys.shape == (2, 1, 2, 16, 3) and cache.layers[1].keys.data_ptr() == cache.keys[1].data_ptr()
     ptr = cache.layers[0].keys.data_ptr()
     cache.commit(4, [0, 2, 5])  # nodes 0, 2, 5 of a tree written at slots 4.. -> slots 4, 5, 6
     assert cache.length == 7 and cache.layers[0].keys.data_ptr() == ptr

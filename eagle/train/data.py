@@ -212,8 +212,7 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
             break
         if n_run <= len(rows) // 2:  # shrink to half: running rows first, finished ones as filler
             keep = torch.cat([running.nonzero()[:, 0], (~running).nonzero()[:, 0]])[: len(rows) // 2]
-            for layer in cache.layers:  # (b, H_kv, C, D) -> (b', H_kv, C, D)
-                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            cache.select_rows(keep)  # (L, b, H_kv, C, D) -> (L, b', H_kv, C, D)
             rows, running, nxt, att, pos = rows[keep], running[keep], nxt[keep], att[keep], pos[keep]
         x = nxt[:, None]  # (b, 1)
         att = torch.cat([att, att.new_ones(len(rows), 1)], dim=1)
