@@ -35,7 +35,8 @@ test-fast: setup
 # the bench table of docs/results.md
 bench: setup
 	$(BIN)/eagle bench --prompts experiments/prompts/chat-small.jsonl --max-new-tokens 128 \
-		--config experiments/configs/eagle2-cpu.yaml --config experiments/configs/eagle2-dynamic.yaml \
+		--config experiments/configs/plain-compiled.yaml --config experiments/configs/eagle2-cpu.yaml \
+		--config experiments/configs/eagle2-dynamic.yaml \
 		--config experiments/configs/eagle1-static.yaml --config experiments/configs/ngram.yaml \
 		--config experiments/configs/chain-draft-model.yaml --config experiments/configs/plain-dynamic-cache.yaml \
 		--config experiments/configs/plain-bf16.yaml --config experiments/configs/eagle2-cpu-bf16.yaml \

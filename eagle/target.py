@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,30 @@ def register_tree_attention() -> str:
         return out.transpose(1, 2).contiguous(), None
 
     return register_attention(_TREE_IMPL, eagle_tree_attention)
+
+
+def _layer_hooks_outside(decoder) -> None:
+    """Leave no transformers output-capturing hook inside a decoder layer of ``decoder`` (a copy
+    of ours): they read a ContextVar, which dynamo cannot trace (a graph break per layer). The hooks
+    are installed now (transformers would add them on the first forward that asks for outputs),
+    and those on a layer's submodules, which record attention weights, never asked for here, are
+    removed; the layers' own hooks (their hidden states, e.g. EAGLE-3's features) stay, and run
+    outside the compiled ``forward``."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:  # a transformers without output capturing: nothing to move
+        return
+    try:
+        maybe_install_capturing_hooks(decoder)
+    except Exception:  # a model that records nothing
+        return
+    for layer in getattr(decoder, "layers", ()):
+        for sub in layer.modules():
+            if sub is layer:
+                continue
+            for key, hook in list(sub._forward_hooks.items()):
+                if getattr(hook, "__name__", "") == "output_capturing_hook":
+                    del sub._forward_hooks[key]
 
 
 @dataclass
@@ -350,7 +375,21 @@ class Target:
 
         def first_call(*args, **kwargs):
             t0 = time.perf_counter()
-            out = compiled(*args, **kwargs)
+            try:
+                out = compiled(*args, **kwargs)
+            except Exception as e:  # e.g. no C++ compiler for inductor: the same step, eagerly
+                if self.device.type == "cuda":
+                    raise
+                warnings.warn(f"eagle: compiling the {size}-node step failed ({type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); it runs eagerly",
+                              RuntimeWarning, stacklevel=2)
+                plain = self.base if base is None else base
+
+                def eager(tokens, positions, masks, slots, cache, **kernel):  # slots are explicit: a rerun rewrites them
+                    return self._run(tokens, positions, cache, masks, layers, base=plain, cache_slots=slots, **kernel)
+
+                self._steps[(size, layers)] = eager
+                return eager(*args, **kwargs)
             self.compile_s[size] = time.perf_counter() - t0
             self._steps[(size, layers)] = compiled
             return out
@@ -371,8 +410,11 @@ class Target:
             for mod in copy_.modules():
                 if isinstance(mod, PackedLinear):
                     mod.hold_kernel_copy()
+            _layer_hooks_outside(copy_)
             for layer in getattr(copy_, "layers", ()):
-                layer.compile(dynamic=None)
+                # the forward, not the module call: transformers' output-capturing hook on the layer
+                # (its hidden state) reads a ContextVar, which dynamo cannot trace
+                layer.forward = torch.compile(layer.forward, dynamic=None)
             self._regional[id(base)] = copy_
         return self._regional[id(base)]
 

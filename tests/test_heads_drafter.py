@@ -266,7 +266,8 @@ def test_float32_drafting_through_the_small_row_kernel(monkeypatch):
 @pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8),
                                    TreeShape(shape="static", choices=STATIC, top_k=2)], ids=["dynamic", "static"])
 def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
-    """With compiled steps the head's tree levels are compiled too: padded to ``level_rows`` and
+    """With compiled steps on GPU the head's tree levels are compiled too (forced here on the CPU,
+    where a compiled target leaves them eager: they measured no faster): padded to ``level_rows`` and
     attending over the whole cache buffer, they give the same head cache and draft scores as the
     head run pair by pair (CheckedDrafter), the same tokens as the eager drafter, one graph per
     (rows, capacity) reused across levels and steps, and no graph break."""

@@ -399,3 +399,73 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch, attention
         assert slot_calls and all(slot_calls)
     else:
         assert not slot_calls
+
+
+def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
+    """On the CPU a compilation error (e.g. no C++ compiler for inductor) is a warning: the step
+    runs eagerly over the same whole-buffer inputs, with the same result, and stays eager."""
+    model = tiny_model("llama")
+    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+
+    def broken(base):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return fail
+
+    monkeypatch.setattr(comp, "_layerwise", broken)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, V, (12,), generator=gen)
+    ce, cc = eager.new_cache(64), comp.new_cache(64)
+    eager.prefill(prefix, ce)
+    comp.prefill(prefix, cc)
+    for i in range(2):
+        tree = make_random_tree(6, V, gen)
+        if i == 0:
+            with pytest.warns(RuntimeWarning, match="compiling the 8-node step failed .*no C.. compiler.*eagerly"):
+                b = comp.tree_forward(tree, cc)
+        else:
+            b = comp.tree_forward(tree, cc)
+        a = eager.tree_forward(tree, ce)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        Target.crop(ce, len(prefix))
+        Target.crop(cc, len(prefix))
+    assert comp.compile_s == {}
+
+
+def test_a_compiled_cpu_target_leaves_the_heads_levels_eager():
+    """The head's tree levels are compiled with the target's steps on GPU only (on the CPU they
+    measured no faster than eager ones, docs/results.md)."""
+    from eagle.heads.drafter import EagleDrafter
+
+    from conftest import make_tiny_head_target, random_head
+
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    assert target.compiled and not EagleDrafter(target, random_head(model), TreeShape(shape="chain", depth=2)).compiled
+
+
+@pytest.mark.compile
+def test_compiled_steps_return_the_requested_layers(tiny_model, tmp_path, monkeypatch):
+    """The hidden states entering the requested layers (EAGLE-3's features) come out of compiled
+    steps too: the layers' output-capturing hooks run outside their compiled forwards, and no hook
+    is left inside (no graph break)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = tiny_model("llama")
+    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    gen = torch.Generator().manual_seed(6)
+    prefix = torch.randint(0, V, (14,), generator=gen)
+    ce, cc = eager.new_cache(64), comp.new_cache(64)
+    eager.prefill(prefix, ce)
+    comp.prefill(prefix, cc)
+    for _ in range(2):
+        tree = make_random_tree(5, V, gen)
+        a, b = eager.tree_forward(tree, ce, layers=(0, 1, 2)), comp.tree_forward(tree, cc, layers=(0, 1, 2))
+        torch.testing.assert_close(b.layers, a.layers, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        Target.crop(ce, len(prefix))
+        Target.crop(cc, len(prefix))
+    assert not torch._dynamo.utils.counters["graph_break"]
