@@ -6,16 +6,19 @@ The ``runtime:`` section of a decoding config::
       cache: static        # static: preallocated KV written by slot | dynamic: transformers' DynamicCache
       buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes)
       dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
-      compile: false       # torch.compile each bucket's step (inductor on CPU, CUDA graphs on GPU)
+      compile: false       # compile each bucket's step (CPU: each decoder layer, one graph for all; GPU: CUDA graphs)
       packed_linear: true  # CPU float32: per bucket the fastest of F.linear, MKL's packed GEMM and the small-row kernel (eagle/packed.py)
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
-(docs/results.md, "The fast target path"): compiling costs ~80 s per bucket there (165 s for three
-even with a warm cache) and saves 7-12% of a step, so it is opt-in on the CPU; the packed GEMM
-made the layer products of 4-32-row steps 2.1-3.1x faster on an Intel Xeon and 6-22% slower on an
-AMD EPYC, where the small-row kernel (kernels/cpu_gemm.py) ran them 2x faster than ``F.linear``
-instead; so ``packed_linear: true`` takes, per bucket, the way a measurement at start-up
-(``eagle.packed.linear_ways``, ~1 s) finds fastest.
+(docs/results.md, "The fast target path", "Compiled decoder layers"). Compiling the whole step cost
+55-80 s per bucket there; compiled steps now compile each decoder layer once for all layers
+(``Target._layerwise``): ~9-14 s per bucket, and a step costs 0.79x the eager one on the AMD EPYC
+Zen 3. Still off by default (tests and short runs would pay the compile); the shipped CPU config
+``eagle2-cpu.yaml`` turns it on. The packed GEMM made the layer products of 4-32-row steps 2.1-3.1x
+faster on an Intel Xeon and 6-22% slower on an AMD EPYC, where the small-row kernel
+(kernels/cpu_gemm.py) ran them 2x faster than ``F.linear`` instead; so ``packed_linear: true``
+takes, per bucket, the way a measurement at start-up (``eagle.packed.linear_ways``, ~1 s) finds
+fastest.
 """
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ __all__ = ["Target", "pad_tree"]
 
 ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
+_RECOMPILE_LIMIT = 256  # graphs of a compiled decoder layer's code (CPU compiled steps)
+_LAYER_BACKEND = "inductor"  # torch.compile backend of CPU compiled steps (tests of dynamo's side: "eager")
 
 
 def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, size: int):
@@ -185,8 +187,9 @@ class Target:
         self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
         # float32 CPU, eager static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and
         # the small-row kernel (kernels/cpu_gemm.py), measured once per process (eagle/packed.py)
-        # (compiled steps: the kernel only, as the op torch.ops.eagle.small_linear; MKL's packed
-        # copies are made on first use, which a compiled graph cannot do)
+        # (compiled steps: the kernel only, as its C++ dispatcher op on the packed copies the twin
+        # holds, cpu_gemm.packed_op; MKL's packed copies are made on first use, which a compiled
+        # graph cannot do)
         use_twin = self.static and self.runtime.packed_linear
         ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
         packed = {r for r, w in ways.items() if w == "packed" and not self.compiled}
@@ -369,7 +372,10 @@ class Target:
             regional = self._layerwise(self.base if base is None else base)
 
             def compiled(tokens, positions, masks, slots, cache, **kernel):
-                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+                # every bucket (and layer set, and cache capacity) adds graphs of the one layer code
+                # (two for the first: one specialized to layer 0): more than dynamo's default limit
+                # of 8, past which it would run the layers eagerly
+                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=_RECOMPILE_LIMIT):
                     return self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
                                      **kernel)
 
@@ -414,7 +420,7 @@ class Target:
             for layer in getattr(copy_, "layers", ()):
                 # the forward, not the module call: transformers' output-capturing hook on the layer
                 # (its hidden state) reads a ContextVar, which dynamo cannot trace
-                layer.forward = torch.compile(layer.forward, dynamic=None)
+                layer.forward = torch.compile(layer.forward, dynamic=None, backend=_LAYER_BACKEND)
             self._regional[id(base)] = copy_
         return self._regional[id(base)]
 

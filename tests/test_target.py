@@ -469,3 +469,48 @@ def test_compiled_steps_return_the_requested_layers(tiny_model, tmp_path, monkey
         Target.crop(ce, len(prefix))
         Target.crop(cc, len(prefix))
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.compile
+def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, tmp_path, monkeypatch):
+    """Every bucket may add graphs of the one compiled layer code (per bucket where the small-row
+    kernel's row counts specialize them): with more buckets than dynamo's default recompile limit
+    (8) no layer call hits a limit (past which dynamo runs it eagerly)."""
+    import torch._dynamo.convert_frame as cf
+
+    from kernels import cpu_gemm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    if cpu_gemm.available():  # the twin's products specialize every bucket: the most graphs
+        monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
+    hit = []
+    real = cf.exceeds_recompile_limit
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        hit.append(out[0])
+        return out
+
+    monkeypatch.setattr(cf, "exceeds_recompile_limit", recording)
+    monkeypatch.setattr("eagle.target._LAYER_BACKEND", "eager")  # dynamo's side only: no C++ builds
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    buckets = list(range(1, 11))
+    model = tiny_model("llama")
+    comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True))
+    eager = Target(model, "reference", RuntimeConfig(buckets=buckets))
+    gen = torch.Generator().manual_seed(8)
+    prefix = torch.randint(0, V, (9,), generator=gen)
+    cc, ce = comp.new_cache(64), eager.new_cache(64)
+    comp.prefill(prefix, cc)
+    eager.prefill(prefix, ce)
+    for T in buckets:
+        tree = make_random_tree(T, V, gen)
+        torch.testing.assert_close(comp.tree_forward(tree, cc).logits, eager.tree_forward(tree, ce).logits,
+                                   atol=1e-4, rtol=0)
+        Target.crop(cc, len(prefix))
+        Target.crop(ce, len(prefix))
+    assert sorted(comp.compile_s) == buckets
+    assert hit and not any(hit)
+    if cpu_gemm.available():
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 8
