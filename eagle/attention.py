@@ -77,11 +77,12 @@ def register_gqa_sdpa() -> str:
     return register_attention(GQA_SDPA, gqa_sdpa)
 
 
-def sharing_copy(module: nn.Module, make=None, skip: nn.Module | None = None) -> nn.Module:
+def sharing_copy(module: nn.Module, make=None, skip: nn.Module | None = None, share=()) -> nn.Module:
     """A structural copy of ``module`` that shares every parameter and buffer with it (no weight is
     copied; configs and other attributes are copied), each of its ``nn.Linear``s but ``skip``
-    replaced by ``make(linear)`` when ``make`` is given."""
-    shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
+    replaced by ``make(linear)`` when ``make`` is given; ``share``: more objects held by the
+    modules to share rather than copy (e.g. caches of weight copies that cannot be deep-copied)."""
+    shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers(), share)}
     twin = copy.deepcopy(module, memo=shared)  # new modules, the same parameters and buffers
     if make is None:
         return twin

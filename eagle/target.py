@@ -412,7 +412,9 @@ class Target:
         one graph serves every layer (plus one first graph specialized to layer 0). The small-row
         kernel runs in it as its C++ dispatcher op on the packed copies the twin holds."""
         if id(base) not in self._regional:
-            copy_ = sharing_copy(base)  # shares parameters and buffers (the kernel's packed copies too)
+            # shares parameters and buffers (the kernel's packed copies too), and the twin's MKL
+            # packed copies (opaque tensors, which cannot be deep-copied)
+            copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
             for mod in copy_.modules():
                 if isinstance(mod, PackedLinear):
                     mod.hold_kernel_copy()

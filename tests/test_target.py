@@ -475,12 +475,21 @@ def test_compiled_steps_return_the_requested_layers(tiny_model, tmp_path, monkey
 def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, tmp_path, monkeypatch):
     """Every bucket may add graphs of the one compiled layer code (per bucket where the small-row
     kernel's row counts specialize them): with more buckets than dynamo's default recompile limit
-    (8) no layer call hits a limit (past which dynamo runs it eagerly)."""
+    (8) no layer call hits a limit (past which dynamo runs it eagerly). The model's shared twin
+    already holds MKL packed copies of another bucket, which the compiled copy must share."""
     import torch._dynamo.convert_frame as cf
 
     from kernels import cpu_gemm
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = tiny_model("llama")
+    # first, MKL's packed copies of another bucket in the model's shared twin: the compiled layers'
+    # copy of the twin shares them (they are opaque tensors, which cannot be deep-copied)
+    monkeypatch.setattr("eagle.packed.DECIDE", "always")
+    other = Target(model, "reference", RuntimeConfig(buckets=[16]))
+    other_cache = other.new_cache(64)
+    other.prefill(torch.arange(1, 10) % V, other_cache)
+    other.tree_forward(make_random_tree(16, V, torch.Generator().manual_seed(1)), other_cache)
     if cpu_gemm.available():  # the twin's products specialize every bucket: the most graphs
         monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
     hit = []
@@ -496,7 +505,6 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     buckets = list(range(1, 11))
-    model = tiny_model("llama")
     comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True))
     eager = Target(model, "reference", RuntimeConfig(buckets=buckets))
     gen = torch.Generator().manual_seed(8)
