@@ -522,3 +522,30 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
     assert hit and not any(hit)
     if cpu_gemm.available():
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 8
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "llama"])
+def test_compiled_layers_equal_eager_on_every_architecture(tiny_model, tmp_path, monkeypatch, arch):
+    """The layer-wise compiled steps (one graph for all layers) on the other architectures: Qwen2/3,
+    Mistral and Gemma-3 (sliding-window layers; a prefix past the windows) == eager, no graph
+    break, at most two graphs (the first specialized to layer 0)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = tiny_model(arch)
+    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 8,), generator=gen)
+    ce, cc = eager.new_cache(64), comp.new_cache(64)
+    eager.prefill(prefix, ce)
+    comp.prefill(prefix, cc)
+    for _ in range(2):
+        tree = make_random_tree(7, V, gen)
+        torch.testing.assert_close(comp.tree_forward(tree, cc).logits, eager.tree_forward(tree, ce).logits,
+                                   atol=1e-4, rtol=0)
+        Target.crop(ce, len(prefix))
+        Target.crop(cc, len(prefix))
+    assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
