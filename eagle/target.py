@@ -363,10 +363,11 @@ class Target:
             return self._steps[(size, layers)]
         _inductor_cache_dir()
         base = self._packed_base if size in self.stream_rows else None  # the small-row kernel's op inside
-        if self.device.type == "cuda":  # the whole step, as CUDA graphs
-            def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
-                return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
 
+        def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
+            return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
+
+        if self.device.type == "cuda":  # the whole step, as CUDA graphs
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:  # CPU: each decoder layer compiled, one graph serving all of them (see _layerwise)
             regional = self._layerwise(self.base if base is None else base)
@@ -389,13 +390,8 @@ class Target:
                 warnings.warn(f"eagle: compiling the {size}-node step failed ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); it runs eagerly",
                               RuntimeWarning, stacklevel=2)
-                plain = self.base if base is None else base
-
-                def eager(tokens, positions, masks, slots, cache, **kernel):  # slots are explicit: a rerun rewrites them
-                    return self._run(tokens, positions, cache, masks, layers, base=plain, cache_slots=slots, **kernel)
-
-                self._steps[(size, layers)] = eager
-                return eager(*args, **kwargs)
+                self._steps[(size, layers)] = step  # the uncompiled step (slots are explicit: a rerun rewrites them)
+                return step(*args, **kwargs)
             self.compile_s[size] = time.perf_counter() - t0
             self._steps[(size, layers)] = compiled
             return out

@@ -401,12 +401,33 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch, attention
         assert not slot_calls
 
 
+def _eager_and_compiled(model, buckets, prefix):
+    """An eager and a compiled Target of ``model`` (``buckets``), each with a cache holding ``prefix``:
+    ``(eager, compiled, eager cache, compiled cache)``."""
+    eager = Target(model, "reference", RuntimeConfig(buckets=buckets))
+    comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True))
+    ce, cc = eager.new_cache(64), comp.new_cache(64)
+    eager.prefill(prefix, ce)
+    comp.prefill(prefix, cc)
+    return eager, comp, ce, cc
+
+
+def _same_step(eager, comp, ce, cc, tree, prefix_len: int, layers=None) -> None:
+    """One tree forward on both: equal logits (and requested layers); both caches cropped back."""
+    a, b = eager.tree_forward(tree, ce, layers=layers), comp.tree_forward(tree, cc, layers=layers)
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+    if layers:
+        torch.testing.assert_close(b.layers, a.layers, atol=1e-4, rtol=0)
+    Target.crop(ce, prefix_len)
+    Target.crop(cc, prefix_len)
+
+
 def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
     """On the CPU a compilation error (e.g. no C++ compiler for inductor) is a warning: the step
     runs eagerly over the same whole-buffer inputs, with the same result, and stays eager."""
-    model = tiny_model("llama")
-    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, V, (12,), generator=gen)
+    eager, comp, ce, cc = _eager_and_compiled(tiny_model("llama"), [8], prefix)
 
     def broken(base):
         def fail(*args, **kwargs):
@@ -414,22 +435,9 @@ def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
         return fail
 
     monkeypatch.setattr(comp, "_layerwise", broken)
-    gen = torch.Generator().manual_seed(2)
-    prefix = torch.randint(0, V, (12,), generator=gen)
-    ce, cc = eager.new_cache(64), comp.new_cache(64)
-    eager.prefill(prefix, ce)
-    comp.prefill(prefix, cc)
-    for i in range(2):
-        tree = make_random_tree(6, V, gen)
-        if i == 0:
-            with pytest.warns(RuntimeWarning, match="compiling the 8-node step failed .*no C.. compiler.*eagerly"):
-                b = comp.tree_forward(tree, cc)
-        else:
-            b = comp.tree_forward(tree, cc)
-        a = eager.tree_forward(tree, ce)
-        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
-        Target.crop(ce, len(prefix))
-        Target.crop(cc, len(prefix))
+    with pytest.warns(RuntimeWarning, match="compiling the 8-node step failed .*no C.. compiler.*eagerly"):
+        _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))
+    _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))  # stays eager, no warning
     assert comp.compile_s == {}
 
 
@@ -453,21 +461,11 @@ def test_compiled_steps_return_the_requested_layers(tiny_model, tmp_path, monkey
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    model = tiny_model("llama")
-    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
     gen = torch.Generator().manual_seed(6)
     prefix = torch.randint(0, V, (14,), generator=gen)
-    ce, cc = eager.new_cache(64), comp.new_cache(64)
-    eager.prefill(prefix, ce)
-    comp.prefill(prefix, cc)
+    eager, comp, ce, cc = _eager_and_compiled(tiny_model("llama"), [8], prefix)
     for _ in range(2):
-        tree = make_random_tree(5, V, gen)
-        a, b = eager.tree_forward(tree, ce, layers=(0, 1, 2)), comp.tree_forward(tree, cc, layers=(0, 1, 2))
-        torch.testing.assert_close(b.layers, a.layers, atol=1e-4, rtol=0)
-        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
-        Target.crop(ce, len(prefix))
-        Target.crop(cc, len(prefix))
+        _same_step(eager, comp, ce, cc, make_random_tree(5, V, gen), len(prefix), layers=(0, 1, 2))
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
@@ -505,19 +503,11 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     buckets = list(range(1, 11))
-    comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True))
-    eager = Target(model, "reference", RuntimeConfig(buckets=buckets))
     gen = torch.Generator().manual_seed(8)
     prefix = torch.randint(0, V, (9,), generator=gen)
-    cc, ce = comp.new_cache(64), eager.new_cache(64)
-    comp.prefill(prefix, cc)
-    eager.prefill(prefix, ce)
+    eager, comp, ce, cc = _eager_and_compiled(model, buckets, prefix)
     for T in buckets:
-        tree = make_random_tree(T, V, gen)
-        torch.testing.assert_close(comp.tree_forward(tree, cc).logits, eager.tree_forward(tree, ce).logits,
-                                   atol=1e-4, rtol=0)
-        Target.crop(cc, len(prefix))
-        Target.crop(ce, len(prefix))
+        _same_step(eager, comp, ce, cc, make_random_tree(T, V, gen), len(prefix))
     assert sorted(comp.compile_s) == buckets
     assert hit and not any(hit)
     if cpu_gemm.available():
@@ -533,19 +523,10 @@ def test_compiled_layers_equal_eager_on_every_architecture(tiny_model, tmp_path,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    model = tiny_model(arch)
-    eager = Target(model, "reference", RuntimeConfig(buckets=[8]))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 8,), generator=gen)
-    ce, cc = eager.new_cache(64), comp.new_cache(64)
-    eager.prefill(prefix, ce)
-    comp.prefill(prefix, cc)
+    eager, comp, ce, cc = _eager_and_compiled(tiny_model(arch), [8], prefix)
     for _ in range(2):
-        tree = make_random_tree(7, V, gen)
-        torch.testing.assert_close(comp.tree_forward(tree, cc).logits, eager.tree_forward(tree, ce).logits,
-                                   atol=1e-4, rtol=0)
-        Target.crop(ce, len(prefix))
-        Target.crop(cc, len(prefix))
+        _same_step(eager, comp, ce, cc, make_random_tree(7, V, gen), len(prefix))
     assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
