@@ -12,8 +12,8 @@ The ``runtime:`` section of a decoding config::
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
 (docs/results.md, "The fast target path", "Compiled decoder layers"). Compiling the whole step cost
 55-80 s per bucket there; compiled steps now compile each decoder layer once for all layers
-(``Target._layerwise``): ~9-14 s per bucket, and a step costs 0.79x the eager one on the AMD EPYC
-Zen 3. Still off by default (tests and short runs would pay the compile); the shipped CPU config
+(``Target._layerwise``): ~9-14 s per bucket, and a step costs 0.82-0.91x the eager one on the AMD
+EPYC Zen 3. Still off by default (tests and short runs would pay the compile); the shipped CPU config
 ``eagle2-cpu.yaml`` turns it on. The packed GEMM made the layer products of 4-32-row steps 2.1-3.1x
 faster on an Intel Xeon and 6-22% slower on an AMD EPYC, where the small-row kernel
 (kernels/cpu_gemm.py) ran them 2x faster than ``F.linear`` instead; so ``packed_linear: true``
