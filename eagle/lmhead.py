@@ -24,11 +24,12 @@ rows   ``plain``   ``transposed``   ``packed``
   (on the AMD EPYC it runs a step's products, this head included, about 2x faster than ``F.linear``:
   ``python kernels/bench_cpu_gemm.py``, docs/results.md).
 
+* ``onednn`` (bfloat16 weights): oneDNN's GEMM with a copy of the weight packed once (one copy for
+  every row count), where ``F.linear`` re-lays the weight out on every call (``eagle.packed``).
 On an AMD EPYC the transposed way won from 2 rows. So the first product per (row count, weight)
 in a process times the candidates (interleaved, after a warm-up) and keeps the fastest; a packed
-copy is kept only when it won, and is dropped with its weight. Other dtypes (bf16 / fp16 go
-through oneDNN) and other devices always take ``F.linear``; one row chooses between ``plain`` and
-``stream``.
+copy is kept only when it won, and is dropped with its weight. float16 and other devices always
+take ``F.linear``; one float32 row chooses between ``plain`` and ``stream``.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import torch
 
 from kernels import cpu_gemm
 
-from .packed import MIN_ROWS, packed_gemm_available
+from .packed import MIN_ROWS, onednn_available, packed_gemm_available
 from .weightmemo import WeightMemo
 
 __all__ = ["project"]
@@ -55,7 +56,7 @@ def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Ten
 
 @dataclass
 class _Choice:
-    way: str  # "plain" | "transposed" | "packed" | "stream"
+    way: str  # "plain" | "transposed" | "packed" | "stream" | "onednn"
     packed: torch.Tensor | None = None  # the packed copy, when "packed" won
 
 
@@ -72,6 +73,11 @@ def _candidates(rows: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[
     if cpu_gemm.supports(hidden, weight):
         ways["stream"] = cpu_gemm.small_linear
     packed = None
+    if weight.dtype == torch.bfloat16:  # F.linear or oneDNN on a packed copy
+        if not weight.requires_grad and onednn_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+            ways["onednn"] = lambda h, w: torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "")
+        return ways, packed
     if rows >= MIN_ROWS and not weight.requires_grad and packed_gemm_available():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         ways["packed"] = lambda h, w: torch.ops.mkl._mkl_linear(h, packed, w, None, rows)
@@ -95,14 +101,16 @@ def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``hidden (T, H) @ weight (V, H).T -> (T, V)``, row-major, by the way measured fastest for
     this row count and weight (see the module docstring)."""
     rows = hidden.shape[0] if hidden.dim() == 2 else 1
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or hidden.dim() != 2:
+    if weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu" or hidden.dim() != 2:
         return _project_plain(hidden, weight)
     hidden = hidden.contiguous()
     choice = _CHOICE.get(weight, (rows,))
     if choice is None:
         ways, packed = _candidates(rows, hidden, weight)
         way = _measure(hidden, weight, ways) if len(ways) > 1 else "plain"  # one way: nothing to time
-        choice = _CHOICE.put(weight, _Choice(way, packed if way == "packed" else None), (rows,))
+        choice = _CHOICE.put(weight, _Choice(way, packed if way in ("packed", "onednn") else None), (rows,))
+    if choice.way == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(hidden, choice.packed, None, "none", [], "")
     if choice.way == "packed":
         return torch.ops.mkl._mkl_linear(hidden, choice.packed, weight, None, rows)
     if choice.way == "stream":

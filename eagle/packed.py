@@ -40,7 +40,8 @@ from kernels import cpu_gemm
 
 from .attention import sharing_copy
 
-__all__ = ["PackedLinear", "packed_gemm_available", "packed_twin", "packed_row_counts", "stream_row_counts",
+__all__ = ["PackedLinear", "packed_gemm_available", "onednn_available", "packed_twin", "packed_row_counts",
+           "stream_row_counts", "onednn_row_counts",
            "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
@@ -49,7 +50,7 @@ _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> it
 # caches, as in a real step), and packing must win by this fraction to be chosen
 MEASURE_MB = 64
 MARGIN = 0.03
-_MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes) -> {"plain_ms", "packed_ms", "stream_ms", "way"}
+_MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes, dtype) -> {"plain_ms", "packed_ms", "stream_ms", "onednn_ms", "way"}
 # what linear_ways decides: "measure" (default) | "always" (MKL packed for every row count >= MIN_ROWS)
 # | "stream" (the small-row kernel for every row count, where it is available) | "never" (plain);
 # the test suite sets "always" so that which GEMM runs does not depend on timings
@@ -61,10 +62,19 @@ def packed_gemm_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def onednn_available() -> bool:
+    """Whether oneDNN's bfloat16 GEMM with a packed weight runs here (a torch build with oneDNN, on
+    a CPU it runs bfloat16 on: natively with AVX512-BF16 / AMX, else emulated, which
+    :func:`linear_ways` then measures)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` that shares the weight and bias of ``linear`` and sends products of
-    ``row_counts`` rows (float32, CPU, weight not trained) to MKL's packed GEMM, and products of
-    ``stream_rows`` rows to the small-row kernel (``kernels/cpu_gemm.py``).
+    ``row_counts`` rows (float32, CPU, weight not trained) to MKL's packed GEMM, products of
+    ``stream_rows`` rows to the small-row kernel (``kernels/cpu_gemm.py``), and products of
+    ``onednn_rows`` rows (bfloat16) to oneDNN's GEMM with a packed copy of the weight.
 
     Args:
         linear: the layer it stands for (its parameters are shared, not copied).
@@ -72,27 +82,51 @@ class PackedLinear(nn.Linear):
         stream_rows: the row counts to run through the small-row kernel (takes precedence).
         stream_upto: also every row count from 1 to this one through the kernel (0: none), for
             modules whose row counts vary (a draft head's levels).
+        onednn_rows: the row counts whose bfloat16 products take oneDNN's packed GEMM (one packed
+            copy serves them all, so a row's result does not depend on the row count).
     """
 
-    def __init__(self, linear: nn.Linear, row_counts, stream_rows=(), stream_upto: int = 0):
+    def __init__(self, linear: nn.Linear, row_counts, stream_rows=(), stream_upto: int = 0, onednn_rows=()):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameter objects
         self.row_counts = frozenset(row_counts)
         self.stream_rows = frozenset(stream_rows)
         self.stream_upto = stream_upto
-        self.packed: dict[int, torch.Tensor] = {}  # rows -> packed copy of the weight
+        self.onednn_rows = frozenset(onednn_rows)
+        # rows -> MKL's packed copy of the weight; "onednn" -> oneDNN's (bfloat16)
+        self.packed: dict[int | str, torch.Tensor] = {}
         self._version = linear.weight._version  # an in-place update of the weight drops the copies
-        # the small-row kernel's packed copy, for compiled graphs (see hold_kernel_copy)
+        # for compiled graphs (see hold_copies): the small-row kernel's packed copy, and the slot of
+        # oneDNN's copy in the extension's table of held weights
         self.register_buffer("kernel_packed", None, persistent=False)
+        self.register_buffer("onednn_slot", None, persistent=False)
+        self._held = None  # the cpu_gemm.HeldWeight behind onednn_slot
 
-    def hold_kernel_copy(self) -> None:
-        """Keep the small-row kernel's packed copy of the weight as a buffer, so that a compiled
-        graph takes it as an input and calls the kernel's dispatcher op (``cpu_gemm.packed_op``)
-        directly. Made when the graphs are (a later in-place update of the weight is not seen by
-        them); eager calls keep looking the copy up (``cpu_gemm.packed_weight``)."""
-        if self.weight.dtype == torch.float32 and self.weight.is_cpu and cpu_gemm.available():
+    def hold_copies(self) -> None:
+        """Keep what a compiled graph needs as buffers, so that it takes them as inputs and calls
+        the extension's dispatcher ops directly: the small-row kernel's packed copy of a float32
+        weight (``cpu_gemm.packed_op``), or the table slot of oneDNN's packed copy of a bfloat16
+        weight (``cpu_gemm.held_op``; the copy itself is an MKLDNN tensor, which a graph cannot
+        take). Made when the graphs are (a later in-place update of the weight is not seen by them);
+        eager calls keep looking the copies up."""
+        if not self.weight.is_cpu or not cpu_gemm.available():
+            return
+        if self.weight.dtype == torch.float32:
             self.kernel_packed = cpu_gemm.packed_weight(self.weight)
+        elif self.onednn_rows and self.weight.dtype == torch.bfloat16:
+            self._held = cpu_gemm.HeldWeight(self._onednn_copy())
+            self.onednn_slot = self._held.slot
+
+    def _onednn_copy(self) -> torch.Tensor:
+        w = self.weight
+        if w._version != self._version:  # e.g. weights loaded in place after the twin was made
+            self.packed.clear()
+            self._version = w._version
+        p = self.packed.get("onednn")
+        if p is None:
+            p = self.packed["onednn"] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)  # MKLDNN layout
+        return p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -101,6 +135,15 @@ class PackedLinear(nn.Linear):
             if self.kernel_packed is not None and torch.compiler.is_compiling() and x.dtype == torch.float32:
                 return cpu_gemm.packed_op(x, self.kernel_packed, self.out_features, self.bias)
             return cpu_gemm.small_linear(x, w, self.bias)  # F.linear where the kernel does not apply
+        if rows in self.onednn_rows and x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 \
+                and not w.requires_grad:
+            if torch.compiler.is_compiling():
+                if self.onednn_slot is None:  # no held copy: a graph cannot make one
+                    return F.linear(x, w, self.bias)
+                return cpu_gemm.held_op(x, self.onednn_slot, self.out_features, self.bias)
+            out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), self._onednn_copy(), self.bias,
+                                                     "none", [], "")  # (rows, N)
+            return out.view(*x.shape[:-1], self.out_features)
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
             return F.linear(x, w, self.bias)
@@ -114,31 +157,38 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], w.shape[0])
 
 
-def packed_twin(model: nn.Module, row_counts, stream_rows=()) -> nn.Module | None:
+def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) -> nn.Module | None:
     """The model's one packed twin (see the module docstring), its packed row counts extended to
-    ``row_counts`` (those >= ``MIN_ROWS``) and its small-row-kernel row counts to ``stream_rows``;
-    shared by every caller on that model, so each weight is packed once per row count. ``None``
-    when neither applies (weights not float32 on the CPU; no MKL or no row count >= MIN_ROWS to
-    pack, and no kernel or no stream row count). The LM head stays a plain layer:
-    ``eagle.lmhead.project`` multiplies by its weight (the fastest way measured)."""
+    ``row_counts`` (those >= ``MIN_ROWS``), its small-row-kernel row counts to ``stream_rows`` and,
+    for a bfloat16 model, its oneDNN row counts to ``onednn_rows``; shared by every caller on that
+    model, so each weight is packed once per row count. ``None`` when none applies (weights not on
+    the CPU; float32 without MKL or a row count >= MIN_ROWS to pack, and without the kernel or a
+    stream row count; bfloat16 without oneDNN's bf16 GEMM or an onednn row count; other
+    precisions). The LM head stays a plain layer: ``eagle.lmhead.project`` multiplies by its weight
+    (the fastest way measured)."""
     w = model.get_output_embeddings().weight
-    if w.dtype != torch.float32 or w.device.type != "cpu":
+    if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
         return None
-    rows = frozenset(r for r in row_counts if r >= MIN_ROWS) if packed_gemm_available() else frozenset()
-    stream = frozenset(r for r in stream_rows if r >= 1) if cpu_gemm.available() else frozenset()
-    rows = rows - stream
-    if not rows and not stream:
+    rows = stream = onednn = frozenset()
+    if w.dtype == torch.float32:
+        rows = frozenset(r for r in row_counts if r >= MIN_ROWS) if packed_gemm_available() else frozenset()
+        stream = frozenset(r for r in stream_rows if r >= 1) if cpu_gemm.available() else frozenset()
+        rows = rows - stream
+    elif onednn_available():
+        onednn = frozenset(r for r in onednn_rows if r >= 1)
+    if not rows and not stream and not onednn:
         return None
     twin = _TWINS.get(model)
     if twin is None:
         lm_head = model.get_output_embeddings()
-        twin = sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream), skip=lm_head)
+        twin = sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream, onednn_rows=onednn), skip=lm_head)
         _TWINS[model] = twin
     else:
         for mod in twin.modules():
             if isinstance(mod, PackedLinear):
                 mod.stream_rows = mod.stream_rows | stream
                 mod.row_counts = (mod.row_counts | rows) - mod.stream_rows
+                mod.onednn_rows = mod.onednn_rows | onednn
         impl = model.config._attn_implementation  # a Target may have switched the model's since
         if twin.config._attn_implementation != impl:
             twin.set_attn_implementation(impl)
@@ -180,6 +230,13 @@ def stream_row_counts(twin: nn.Module | None) -> frozenset:
     return next((m.stream_rows for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
 
 
+def onednn_row_counts(twin: nn.Module | None) -> frozenset:
+    """The row counts a twin runs through oneDNN's packed bfloat16 GEMM (empty for ``None``)."""
+    if twin is None:
+        return frozenset()
+    return next((m.onednn_rows for m in twin.modules() if isinstance(m, PackedLinear)), frozenset())
+
+
 def _decoder_linears(model: nn.Module) -> list[nn.Linear]:
     lm_head = model.get_output_embeddings()
     return [m for m in model.modules() if type(m) is nn.Linear and m is not lm_head]
@@ -200,39 +257,45 @@ def _timed_pass(fns, repeats: int) -> list[float]:
 
 def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str]:
     """For each of ``row_counts``, the fastest way on this machine to multiply that many rows by the
-    model's float32 decoder weights: ``"plain"`` (``F.linear``), ``"packed"`` (MKL's packed GEMM,
-    from ``MIN_ROWS`` rows) or ``"stream"`` (the small-row kernel). The products of the first
-    ``MEASURE_MB`` of the weights are timed every available way (interleaved, best of ``repeats``);
-    a way other than plain must win by ``MARGIN``. Measured once per process per row count and
-    weight shapes (``packing_measurements()`` has the figures); all plain, without measuring,
-    where neither applies (weights not float32 on the CPU, no MKL and no kernel). ``DECIDE``
-    overrides the measurement (tests)."""
+    model's decoder weights. Float32: ``"plain"`` (``F.linear``), ``"packed"`` (MKL's packed GEMM,
+    from ``MIN_ROWS`` rows) or ``"stream"`` (the small-row kernel); bfloat16: ``"plain"`` or
+    ``"onednn"`` (oneDNN's GEMM with a packed copy of each weight, which ``F.linear`` re-lays out
+    on every call). The products of the first ``MEASURE_MB`` of the weights are timed every
+    available way (interleaved, best of ``repeats``); a way other than plain must win by
+    ``MARGIN``. Measured once per process per row count, weight shapes and precision
+    (``packing_measurements()`` has the figures); all plain, without measuring, where none applies
+    (weights not on the CPU, other precisions, no MKL / kernel / oneDNN). ``DECIDE`` overrides the
+    measurement (tests; "always" takes oneDNN for every bfloat16 row count)."""
     w = model.get_output_embeddings().weight
     rows = sorted(set(int(r) for r in row_counts if r >= 1))
     plain = {r: "plain" for r in rows}
-    mkl, stream = packed_gemm_available(), cpu_gemm.available()
-    if not rows or w.dtype != torch.float32 or w.device.type != "cpu" or not (mkl or stream) or DECIDE == "never":
+    fp32, bf16 = w.dtype == torch.float32, w.dtype == torch.bfloat16
+    mkl, stream = fp32 and packed_gemm_available(), fp32 and cpu_gemm.available()
+    onednn = bf16 and onednn_available()
+    if not rows or w.device.type != "cpu" or not (mkl or stream or onednn) or DECIDE == "never":
         return plain
     if DECIDE == "always":
-        return {r: "packed" if mkl and r >= MIN_ROWS else "plain" for r in rows}
+        return {r: "onednn" if onednn else "packed" if mkl and r >= MIN_ROWS else "plain" for r in rows}
     if DECIDE == "stream":
         return {r: "stream" if stream else "plain" for r in rows}
     linears = [m for m in _decoder_linears(model) if not m.weight.requires_grad]
     sample, total = [], 0
     for m in linears:  # the first MEASURE_MB of weights (at least one)
-        if sample and total + m.weight.numel() * 4 > MEASURE_MB * 1e6:
+        size = m.weight.numel() * m.weight.element_size()
+        if sample and total + size > MEASURE_MB * 1e6:
             break
         sample.append(m)
-        total += m.weight.numel() * 4
+        total += size
     shapes = tuple(tuple(m.weight.shape) for m in sample)
+    onednn_copies = None  # oneDNN's packed copies of the sample (one per weight for every row count)
     ways = {}
     for r in rows:
-        if not stream and r < MIN_ROWS:  # plain is the only way: nothing to measure
+        if not (stream or onednn) and r < MIN_ROWS:  # plain is the only way: nothing to measure
             ways[r] = "plain"
             continue
-        key = (r, shapes)
+        key = (r, shapes, w.dtype)
         if key not in _MEASURED:
-            xs = {m.in_features: torch.randn(r, m.in_features) for m in sample}
+            xs = {m.in_features: torch.randn(r, m.in_features, dtype=w.dtype) for m in sample}
             fns = {}
 
             def plain_fn():
@@ -255,12 +318,23 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
                         cpu_gemm.small_linear(xs[m.in_features], m.weight, m.bias)
 
                 fns["stream"] = stream_fn
-            secs = dict(zip(fns, _timed_pass(list(fns.values()), repeats)))
+            if onednn:
+                if onednn_copies is None:
+                    onednn_copies = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1) for m in sample]
+
+                def onednn_fn():
+                    for m, p in zip(sample, onednn_copies):
+                        torch.ops.mkldnn._linear_pointwise(xs[m.in_features], p, m.bias, "none", [], "")
+
+                fns["onednn"] = onednn_fn
+            with torch.no_grad():
+                secs = dict(zip(fns, _timed_pass(list(fns.values()), repeats)))
             del packed
             best = min(secs, key=secs.get)
             if best != "plain" and secs[best] >= (1 - MARGIN) * secs["plain"]:
                 best = "plain"
-            rec = {"rows": r, "mb": round(total / 1e6, 1), "way": best, "packed": best == "packed"}
+            rec = {"rows": r, "dtype": str(w.dtype).removeprefix("torch."), "mb": round(total / 1e6, 1),
+                   "way": best, "packed": best == "packed"}
             rec.update({f"{k}_ms": round(v * 1e3, 2) for k, v in secs.items()})
             _MEASURED[key] = rec
         ways[r] = _MEASURED[key]["way"]
@@ -273,6 +347,7 @@ def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
 
 
 def packing_measurements() -> list[dict]:
-    """What :func:`linear_ways` measured in this process: per row count, the ms of each way tried
-    over the sampled weights (``plain_ms``, ``packed_ms``, ``stream_ms``) and the ``way`` chosen."""
+    """What :func:`linear_ways` measured in this process: per row count (and ``dtype``), the ms of
+    each way tried over the sampled weights (``plain_ms``, ``packed_ms``, ``stream_ms``,
+    ``onednn_ms``) and the ``way`` chosen."""
     return [dict(v) for v in _MEASURED.values()]

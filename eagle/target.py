@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa, sharing_copy
 from .kv import SlotCache
 from .lmhead import project
-from .packed import PackedLinear, linear_ways, packed_row_counts, packed_twin, stream_row_counts
+from .packed import PackedLinear, linear_ways, onednn_row_counts, packed_row_counts, packed_twin, stream_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -185,19 +185,21 @@ class Target:
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
         self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
-        # float32 CPU, eager static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and
-        # the small-row kernel (kernels/cpu_gemm.py), measured once per process (eagle/packed.py)
-        # (compiled steps: the kernel only, as its C++ dispatcher op on the packed copies the twin
-        # holds, cpu_gemm.packed_op; MKL's packed copies are made on first use, which a compiled
-        # graph cannot do)
+        # CPU static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and the small-row
+        # kernel (kernels/cpu_gemm.py) for float32, of F.linear and oneDNN's GEMM on packed weights
+        # for bfloat16, measured once per process (eagle/packed.py). Compiled steps take the kernel
+        # and oneDNN as the extension's C++ dispatcher ops on copies the twin holds (packed_op,
+        # held_op); not MKL's packed copies, which are made on first use, which a graph cannot do
         use_twin = self.static and self.runtime.packed_linear
         ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
         packed = {r for r, w in ways.items() if w == "packed" and not self.compiled}
         stream = {r for r, w in ways.items() if w == "stream"}
-        self.packed = packed_twin(model, packed, stream) if packed or stream else None  # the model's twin
+        onednn = {r for r, w in ways.items() if w == "onednn"}
+        self.packed = packed_twin(model, packed, stream, onednn) if packed or stream or onednn else None  # the model's twin
         self.packed_rows = packed_row_counts(self.packed)  # buckets whose steps take MKL's packed GEMM
         self.stream_rows = stream_row_counts(self.packed)  # buckets whose products take the small-row kernel
-        self.twin_rows = self.packed_rows | self.stream_rows  # buckets whose steps run on the twin
+        self.onednn_rows = onednn_row_counts(self.packed)  # buckets whose bf16 products take oneDNN, packed
+        self.twin_rows = self.packed_rows | self.stream_rows | self.onednn_rows  # buckets whose steps run on the twin
         self._packed_base = self.packed.get_decoder() if self.packed is not None else None
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) call
 
@@ -362,7 +364,8 @@ class Target:
         if (size, layers) in self._steps:
             return self._steps[(size, layers)]
         _inductor_cache_dir()
-        base = self._packed_base if size in self.stream_rows else None  # the small-row kernel's op inside
+        # the extension's ops inside (the small-row kernel, oneDNN on held copies)
+        base = self._packed_base if size in self.stream_rows | self.onednn_rows else None
 
         def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
             return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
@@ -406,14 +409,14 @@ class Target:
         parameters (graph inputs) and ``layer_idx``, which the slot cache uses as a tensor index
         (eagle/kv.py), so with ``allow_unspec_int_on_nn_module`` it becomes a symbolic integer and
         one graph serves every layer (plus one first graph specialized to layer 0). The small-row
-        kernel runs in it as its C++ dispatcher op on the packed copies the twin holds."""
+        kernel and oneDNN run in it as the extension's C++ dispatcher ops on copies the twin holds."""
         if id(base) not in self._regional:
             # shares parameters and buffers (the kernel's packed copies too), and the twin's MKL
             # packed copies (opaque tensors, which cannot be deep-copied)
             copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
             for mod in copy_.modules():
                 if isinstance(mod, PackedLinear):
-                    mod.hold_kernel_copy()
+                    mod.hold_copies()
             _layer_hooks_outside(copy_)
             for layer in getattr(copy_, "layers", ()):
                 # the forward, not the module call: transformers' output-capturing hook on the layer

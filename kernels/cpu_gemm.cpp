@@ -27,6 +27,8 @@
 // 2-core machine (it runs once per machine, on the first `make demo`)
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
@@ -34,6 +36,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -187,6 +190,67 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   return y.view(out_shape);
 }
 
+// Held weights: oneDNN's packed bfloat16 copies (torch.ops.mkldnn._reorder_linear_weight) are
+// MKLDNN-layout tensors, which a compiled graph cannot take as inputs. A process-wide table holds
+// them instead, and a graph passes the slot number as a one-element int64 tensor (a buffer of the
+// layer), so one graph still serves every decoder layer. `held_linear` runs oneDNN's
+// mkldnn::_linear_pointwise on the held copy, through the dispatcher (what inductor's own
+// weight-prepacking pass emits, with the copy as a graph constant instead).
+namespace {
+std::mutex held_mutex;
+std::vector<at::Tensor> held_weights;  // slot -> packed weight (undefined: free)
+}  // namespace
+
+int64_t hold(const at::Tensor& w) {
+  std::lock_guard<std::mutex> guard(held_mutex);
+  for (size_t i = 0; i < held_weights.size(); ++i)
+    if (!held_weights[i].defined()) {
+      held_weights[i] = w;
+      return static_cast<int64_t>(i);
+    }
+  held_weights.push_back(w);
+  return static_cast<int64_t>(held_weights.size()) - 1;
+}
+
+void release(int64_t slot) {
+  std::lock_guard<std::mutex> guard(held_mutex);
+  if (slot >= 0 && slot < static_cast<int64_t>(held_weights.size())) held_weights[slot] = at::Tensor();
+}
+
+int64_t held_count() {
+  std::lock_guard<std::mutex> guard(held_mutex);
+  return std::count_if(held_weights.begin(), held_weights.end(), [](const at::Tensor& t) { return t.defined(); });
+}
+
+at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N, const c10::optional<at::Tensor>& b) {
+  // x_in (..., K) -> (..., N) = x_in @ w.T + b, w the weight held at slot[0]
+  TORCH_CHECK(slot.numel() == 1 && slot.scalar_type() == at::kLong && slot.device().is_cpu(),
+              "held_linear: slot is a one-element int64 CPU tensor");
+  const int64_t s = slot.data_ptr<int64_t>()[0];
+  at::Tensor w;
+  {
+    std::lock_guard<std::mutex> guard(held_mutex);
+    TORCH_CHECK(s >= 0 && s < static_cast<int64_t>(held_weights.size()) && held_weights[s].defined(),
+                "held_linear: no weight is held at slot ", s);
+    w = held_weights[s];
+  }
+  TORCH_CHECK(w.size(0) == N && x_in.size(-1) == w.size(1), "held_linear: shapes do not match the held weight");
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
+  torch::jit::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(w);
+  stack.emplace_back(b.has_value() && b->defined() ? c10::IValue(*b) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());  // algorithm: none
+  op.callBoxed(&stack);
+  std::vector<int64_t> out_shape = x_in.sizes().vec();
+  out_shape.back() = N;
+  return stack[0].toTensor().view(out_shape);
+}
+
 // The same function as a dispatcher op, torch.ops.<extension name>.packed_linear, for compiled graphs:
 // inductor's wrapper calls it through the C++ dispatcher (a Python custom op costs tens of us per
 // call on these CPUs, and a step makes 211). One namespace per build (the extension's name), so two
@@ -195,10 +259,15 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
 EAGLE_GEMM_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear(Tensor x, Tensor p, int N, Tensor? b) -> Tensor");
   m.impl("packed_linear", c10::DispatchKey::CPU, TORCH_FN(packed_linear));
+  m.def("held_linear(Tensor x, Tensor slot, int N, Tensor? b) -> Tensor");
+  m.impl("held_linear", c10::DispatchKey::CPU, TORCH_FN(held_linear));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "the packed copy (ceil(N/16), K, 16) of a float32 weight (N, K)");
   m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32, AVX-512 or AVX2)");
+  m.def("hold", &hold, "keep a (packed, opaque) weight in the table of held weights; returns its slot");
+  m.def("release", &release, "free a slot of the table of held weights");
+  m.def("held_count", &held_count, "how many weights are held");
   m.attr("ISA") = ISA;
 }

@@ -34,6 +34,7 @@ import os
 import platform
 import threading
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
 __all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
-           "packed_op"]
+           "packed_op", "HeldWeight", "held_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _LOCK = threading.Lock()
@@ -179,18 +180,20 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 _OP = None  # torch.ops.<extension name>.packed_linear: the extension's function as a dispatcher op
+_HELD_OP = None  # torch.ops.<extension name>.held_linear
 
 
 def _register_op(ext) -> None:
-    """Give the build's dispatcher op (registered by cpu_gemm.cpp) its shape function, for tracing."""
-    global _OP
-    name = f"{ext.__name__}::packed_linear"
+    """Give the build's dispatcher ops (registered by cpu_gemm.cpp) their shape functions, for tracing."""
+    global _OP, _HELD_OP
 
     def fake(x, p, n, b):
         return x.new_empty(*x.shape[:-1], n)
 
-    torch.library.register_fake(name, fake)
+    for op in ("packed_linear", "held_linear"):
+        torch.library.register_fake(f"{ext.__name__}::{op}", fake)
     _OP = getattr(torch.ops, ext.__name__).packed_linear
+    _HELD_OP = getattr(torch.ops, ext.__name__).held_linear
 
 
 def packed_op(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -215,3 +218,28 @@ def small_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 @small_linear_op.register_fake
 def _small_linear_fake(x, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+class HeldWeight:
+    """A weight kept in the extension's table of held weights (``cpu_gemm.cpp``) for compiled graphs
+    that cannot take it as an input: oneDNN's packed bfloat16 copy of a linear layer's weight
+    (``torch.ops.mkldnn._reorder_linear_weight``, an MKLDNN-layout tensor). ``slot`` is its number
+    in the table as a one-element int64 tensor, which a graph does take (a buffer of the layer), and
+    :func:`held_op` multiplies by the weight held there. The slot is freed when this object goes."""
+
+    def __init__(self, packed: torch.Tensor):
+        ext = _load()
+        if ext is None:
+            raise RuntimeError(f"the CPU GEMM extension is not available: {_REASON}")
+        n = ext.hold(packed)
+        self.slot = torch.tensor([n], dtype=torch.int64)  # (1,)
+        self._finalizer = weakref.finalize(self, ext.release, n)
+
+
+def held_op(x: torch.Tensor, slot: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (..., K) @ w.T + bias -> (..., n)``, ``w`` the weight held at ``slot`` (a
+    :class:`HeldWeight`'s), through oneDNN's ``mkldnn::_linear_pointwise``: the extension's
+    dispatcher op ``held_linear``, for compiled graphs."""
+    if _HELD_OP is None:
+        raise RuntimeError(f"the CPU GEMM extension is not available: {unavailable_reason()}")
+    return _HELD_OP(x, slot, n, bias)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import eagle.lmhead as lmhead
-from eagle.packed import packed_gemm_available
+from eagle.packed import onednn_available, packed_gemm_available
 from eagle.weightmemo import WeightMemo
 from kernels import cpu_gemm
 
@@ -80,9 +80,38 @@ def test_an_updated_or_freed_weight_is_measured_again(winner, monkeypatch):
 
 
 def test_other_dtypes_and_trained_weights():
-    w, x = torch.randn(64, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
+    w, x = torch.randn(64, 16, dtype=torch.float16), torch.randn(4, 16, dtype=torch.float16)
     assert torch.equal(lmhead.project(x, w), torch.nn.functional.linear(x, w))
-    assert lmhead._CHOICE.get(w, (4,)) is None
+    assert lmhead._CHOICE.get(w, (4,)) is None  # float16: F.linear, nothing measured
     ways, packed = lmhead._candidates(8, torch.randn(8, 16), torch.randn(64, 16, requires_grad=True))
     assert "packed" not in ways and "stream" not in ways and packed is None  # a weight being trained: autograd's way
+    ways, packed = lmhead._candidates(8, torch.randn(8, 16, dtype=torch.bfloat16),
+                                      torch.randn(64, 16, dtype=torch.bfloat16, requires_grad=True))
+    assert set(ways) == {"plain", "transposed"} and packed is None
 
+
+@pytest.mark.skipif(not onednn_available(), reason="no oneDNN bfloat16 GEMM in this torch build / on this CPU")
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_bfloat16_ways_include_onednn_on_a_packed_copy(rows, monkeypatch):
+    """A bfloat16 head's candidates: F.linear, transposed (from 2 rows) and oneDNN on a packed copy,
+    which is kept when it wins; every way is close to the float32 product of the same values, and
+    the oneDNN way gives each row the bits it gets alone."""
+    torch.manual_seed(rows)
+    w, x = torch.randn(300, 24, dtype=torch.bfloat16), torch.randn(rows, 24, dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    with torch.no_grad():
+        ways, packed = lmhead._candidates(rows, x, w)
+    assert set(ways) == ({"plain", "onednn"} if rows == 1 else {"plain", "transposed", "onednn"})
+    assert packed is not None and packed.layout == torch._mkldnn
+    for fn in ways.values():
+        out = fn(x, w)
+        assert out.shape == (rows, 300) and out.dtype == torch.bfloat16 and out.is_contiguous()
+        torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.02)
+    rows_alone = torch.cat([ways["onednn"](x[i:i + 1], w) for i in range(rows)])
+    assert torch.equal(ways["onednn"](x, w), rows_alone)
+    monkeypatch.setattr(lmhead, "_CHOICE", WeightMemo())
+    monkeypatch.setattr(lmhead, "_measure", lambda h, wt, ways: "onednn")
+    with torch.no_grad():
+        out = lmhead.project(x, w)
+    (choice,) = lmhead._CHOICE.values()
+    assert choice.way == "onednn" and choice.packed is not None and torch.equal(out, ways["onednn"](x, w))

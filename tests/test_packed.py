@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from eagle import Target
-from eagle.packed import (MIN_ROWS, PackedLinear, linear_ways, packed_gemm_available, packed_row_counts, packed_twin,
-                          packing_measurements, packing_pays, stream_row_counts)
+from eagle.packed import (MIN_ROWS, PackedLinear, linear_ways, onednn_available, packed_gemm_available,
+                          packed_row_counts, packed_twin, packing_measurements, packing_pays, stream_row_counts)
 from kernels import cpu_gemm
 from eagle.runtime import RuntimeConfig
 
@@ -116,7 +116,7 @@ def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monk
     assert packing_pays(model, [4, 8, 16]) == frozenset({4}) and calls == [4, 8, 16]  # memo: not measured again
     got = {m["rows"]: m for m in packing_measurements()}
     assert got[4]["packed"] and not got[8]["packed"] and got[16]["packed_ms"] == 1500.0
-    assert packing_pays(copy.deepcopy(model).to(torch.bfloat16), [8]) == frozenset() and len(calls) == 3
+    assert packing_pays(copy.deepcopy(model).half(), [8]) == frozenset() and len(calls) == 3  # float16: nothing to measure
     monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "plain"))
     assert Target(model, "reference", RuntimeConfig()).packed is None
 
@@ -204,21 +204,27 @@ def test_twin_stream_and_packed_rows_do_not_overlap(tiny_model):
 
 @needs_kernel
 @pytest.mark.compile
-def test_compiled_steps_run_the_kernel_as_an_op(tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype,way,op,tol", [("float32", "stream", "packed_linear", (1e-4, 0)),
+                                              ("bfloat16", "onednn", "held_linear", (0.1, 0.02))])
+def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model, tmp_path, monkeypatch):
     """A compiled bucket step on the twin (each decoder layer compiled, eagle.target._layerwise)
-    calls the kernel's C++ dispatcher op for every decoder product, with no graph break, and equals
-    the eager plain target; one graph serves every layer."""
+    calls the extension's C++ dispatcher op for every decoder product, with no graph break, and
+    equals the eager plain target; one graph serves every layer. float32: the small-row kernel on
+    its packed copies; bfloat16: oneDNN on packed copies held in the extension's table (up to bf16
+    rounding, which the compiled graph's fused elementwise ops do differently; the same tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
+    if way == "onednn" and not onednn_available():
+        pytest.skip("no oneDNN bfloat16 GEMM in this torch build / on this CPU")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
+    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, way))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = copy.deepcopy(tiny_model("llama"))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True))
-    plain = Target(model, "reference", RuntimeConfig(buckets=[8], packed_linear=False))
-    assert comp.stream_rows == {8} and plain.packed is None
-    op_name = f"{cpu_gemm._load().__name__}::packed_linear"
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True, dtype=dtype))
+    plain = Target(comp.model, "reference", RuntimeConfig(buckets=[8], packed_linear=False))
+    assert (comp.stream_rows if way == "stream" else comp.onednn_rows) == {8} and plain.packed is None
+    op_name = f"{cpu_gemm._load().__name__}::{op}"
     gen = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, V, (15,), generator=gen)
     cc, cp = comp.new_cache(64), plain.new_cache(64)
@@ -233,7 +239,8 @@ def test_compiled_steps_run_the_kernel_as_an_op(tiny_model, tmp_path, monkeypatc
             a = comp.tree_forward(tree, cc)
         calls += sum(e.count for e in prof.key_averages() if e.key == op_name)
         b = plain.tree_forward(tree, cp)
-        torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(a.logits, b.logits, atol=tol[0], rtol=tol[1])
+        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
         for t, c in ((comp, cc), (plain, cp)):
             t.crop(c, len(prefix))
     n_linears = sum(1 for m in model.modules() if type(m) is nn.Linear) - 1  # the LM head: eagle.lmhead
@@ -241,3 +248,117 @@ def test_compiled_steps_run_the_kernel_as_an_op(tiny_model, tmp_path, monkeypatc
     # two layers: a first graph specialized to layer 0, then one with a symbolic layer index
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
     assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
+
+
+# ------------------------------------------------------------------------------------------------
+# bfloat16: oneDNN's GEMM on a packed copy of each weight
+# ------------------------------------------------------------------------------------------------
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="no oneDNN bfloat16 GEMM in this torch build / on this CPU")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_is_the_product_and_rows_do_not_depend_on_the_call(bias):
+    """PackedLinear's oneDNN way: close to the float32 product of the same bf16 values, each row of a
+    call bitwise what that row gets alone (the tree / one-token consistency greedy decoding needs),
+    one packed copy for every row count, refreshed after an in-place update of the weight; row
+    counts it does not own, and trained weights, take F.linear."""
+    gen = torch.Generator().manual_seed(1)
+    lin = nn.Linear(40, 96, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    pl = PackedLinear(lin, [], onednn_rows=range(1, 65))
+    for rows in (1, 3, 8, 17, 64):
+        x = torch.randn(rows, 40, generator=gen).to(torch.bfloat16)
+        y = pl(x[None])[0]  # (rows, 96), leading dims flattened and restored
+        ref = torch.nn.functional.linear(x.float(), lin.weight.float(), None if lin.bias is None else lin.bias.float())
+        assert y.shape == (rows, 96) and y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), ref, atol=0.05, rtol=0.02)
+        assert torch.equal(y, torch.cat([pl(x[i:i + 1]) for i in range(rows)]))
+    assert list(pl.packed) == ["onednn"] and pl.packed["onednn"].layout == torch._mkldnn
+    with torch.no_grad():
+        lin.weight.mul_(-1.5)
+    x = torch.randn(4, 40, generator=gen).to(torch.bfloat16)
+    torch.testing.assert_close(pl(x).float(), torch.nn.functional.linear(x, lin.weight, lin.bias).float(),
+                               atol=0.05, rtol=0.02)
+    other = PackedLinear(lin, [], onednn_rows=[8])
+    assert torch.equal(other(x), torch.nn.functional.linear(x, lin.weight, lin.bias)) and not other.packed
+    trained = PackedLinear(nn.Linear(40, 96).to(torch.bfloat16), [], onednn_rows=[4])
+    trained(x).float().sum().backward()
+    assert trained.weight.grad is not None and not trained.packed
+
+
+@needs_onednn
+@needs_kernel
+def test_a_held_weight_is_the_packed_product_and_its_slot_is_freed():
+    """cpu_gemm.held_op on a HeldWeight equals oneDNN's product on the same packed copy, bitwise;
+    the table slot goes with the HeldWeight."""
+    import gc
+
+    ext = cpu_gemm._load()
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 40, generator=gen).to(torch.bfloat16)
+    b = torch.randn(96, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+    before = ext.held_count()
+    held = cpu_gemm.HeldWeight(packed)
+    assert ext.held_count() == before + 1 and held.slot.dtype == torch.int64 and held.slot.shape == (1,)
+    x = torch.randn(2, 5, 40, generator=gen).to(torch.bfloat16)
+    want = torch.ops.mkldnn._linear_pointwise(x.reshape(10, 40), packed, b, "none", [], "").view(2, 5, 96)
+    assert torch.equal(cpu_gemm.held_op(x, held.slot, 96, b), want)
+    with pytest.raises(RuntimeError, match="shapes"):
+        cpu_gemm.held_op(x, held.slot, 95, b)
+    del held
+    gc.collect()
+    assert ext.held_count() == before
+    with pytest.raises(RuntimeError, match="no weight is held"):
+        cpu_gemm.held_op(x, torch.tensor([10_000]), 96, b)
+
+
+@needs_onednn
+def test_linear_ways_measures_onednn_for_bfloat16(tiny_model, monkeypatch):
+    """A bfloat16 model's row counts choose between F.linear and oneDNN on packed copies (oneDNN must
+    win by MARGIN), measured per precision; DECIDE="always" takes oneDNN; float16 stays plain."""
+    import eagle.packed as pk
+
+    model = copy.deepcopy(tiny_model("llama")).to(torch.bfloat16)
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    monkeypatch.setattr(pk, "DECIDE", "measure")
+    verdict = {1: (1.0, 0.5), 4: (1.0, 0.99), 8: (1.0, 0.8)}  # (plain, onednn) seconds
+    order = iter([1, 4, 8])
+
+    def fake(fns, repeats):
+        r = next(order)
+        assert len(fns) == 2
+        for fn in fns:  # both ways really run on the model's weights
+            fn()
+        return list(verdict[r])
+
+    monkeypatch.setattr(pk, "_timed_pass", fake)
+    assert linear_ways(model, [1, 4, 8]) == {1: "onednn", 4: "plain", 8: "onednn"}
+    assert {m["dtype"] for m in packing_measurements()} == {"bfloat16"}
+    monkeypatch.setattr(pk, "DECIDE", "always")
+    assert linear_ways(model, [1, 16]) == {1: "onednn", 16: "onednn"}
+    assert linear_ways(copy.deepcopy(tiny_model("llama")).half(), [1, 16]) == {1: "plain", 16: "plain"}
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_onednn_target_equals_plain_bfloat16_target(arch, tiny_model):
+    """A bfloat16 target whose buckets take oneDNN on packed copies (tests: DECIDE="always") gives
+    the F.linear target's logits on random trees, up to bf16 rounding, and picks the same tokens;
+    each node's logits are bitwise those of the one-token step of its path's last node."""
+    model = tiny_model(arch)
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, V, (19,), generator=gen)
+    on, off = (Target(model, "reference", RuntimeConfig(dtype="bfloat16", packed_linear=p)) for p in (True, False))
+    assert on.onednn_rows == set(on.runtime.buckets) and off.packed is None
+    for t in (on, off):
+        t.cache = t.new_cache(64)
+        t.prefill(prefix, t.cache)
+    for n in (1, 3, 9):
+        tree = make_random_tree(n, V, gen)
+        a, b = on.tree_forward(tree, on.cache), off.tree_forward(tree, off.cache)
+        torch.testing.assert_close(a.logits, b.logits, atol=0.05, rtol=0.02)
+        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
+        for t in (on, off):
+            t.crop(t.cache, len(prefix))
