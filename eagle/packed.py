@@ -112,9 +112,9 @@ class PackedLinear(nn.Linear):
         eager calls keep looking the copies up."""
         if not self.weight.is_cpu or not cpu_gemm.available():
             return
-        if self.weight.dtype == torch.float32:
+        if self.weight.dtype in (torch.float32, torch.bfloat16) and (self.stream_rows or self.stream_upto):
             self.kernel_packed = cpu_gemm.packed_weight(self.weight)
-        elif self.onednn_rows and self.weight.dtype == torch.bfloat16:
+        if self.onednn_rows and self.weight.dtype == torch.bfloat16:
             self._held = cpu_gemm.HeldWeight(self._onednn_copy())
             self.onednn_slot = self._held.slot
 
@@ -132,7 +132,7 @@ class PackedLinear(nn.Linear):
         w = self.weight
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if rows in self.stream_rows or 0 < rows <= self.stream_upto:
-            if self.kernel_packed is not None and torch.compiler.is_compiling() and x.dtype == torch.float32:
+            if self.kernel_packed is not None and torch.compiler.is_compiling() and x.dtype == w.dtype:
                 return cpu_gemm.packed_op(x, self.kernel_packed, self.out_features, self.bias)
             return cpu_gemm.small_linear(x, w, self.bias)  # F.linear where the kernel does not apply
         if rows in self.onednn_rows and x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 \
@@ -169,13 +169,13 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
     w = model.get_output_embeddings().weight
     if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
         return None
-    rows = stream = onednn = frozenset()
+    rows = onednn = frozenset()
+    stream = frozenset(r for r in stream_rows if r >= 1) if cpu_gemm.available() else frozenset()
     if w.dtype == torch.float32:
         rows = frozenset(r for r in row_counts if r >= MIN_ROWS) if packed_gemm_available() else frozenset()
-        stream = frozenset(r for r in stream_rows if r >= 1) if cpu_gemm.available() else frozenset()
         rows = rows - stream
     elif onednn_available():
-        onednn = frozenset(r for r in onednn_rows if r >= 1)
+        onednn = frozenset(r for r in onednn_rows if r >= 1) - stream
     if not rows and not stream and not onednn:
         return None
     twin = _TWINS.get(model)
@@ -188,7 +188,7 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
             if isinstance(mod, PackedLinear):
                 mod.stream_rows = mod.stream_rows | stream
                 mod.row_counts = (mod.row_counts | rows) - mod.stream_rows
-                mod.onednn_rows = mod.onednn_rows | onednn
+                mod.onednn_rows = (mod.onednn_rows | onednn) - mod.stream_rows
         impl = model.config._attn_implementation  # a Target may have switched the model's since
         if twin.config._attn_implementation != impl:
             twin.set_attn_implementation(impl)
@@ -196,17 +196,18 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
 
 
 def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 5) -> nn.Module | None:
-    """A structural copy of a small float32 CPU module (a draft head) that shares its parameters and
+    """A structural copy of a small float32 or bfloat16 CPU module (a draft head) that shares its parameters and
     sends products of 1..``upto`` rows of every ``nn.Linear`` to the small-row kernel, or ``None``
     when the kernel is unavailable or does not beat ``F.linear`` by ``MARGIN`` on the module's own
     linear layers at ``rows`` rows (timed here, best of ``repeats``; ``DECIDE`` "stream" / "never" /
     "always" decide without timing: always = no copy, as MKL packing is not used for small modules)."""
     linears = [m for m in module.modules() if type(m) is nn.Linear]
     if not linears or not cpu_gemm.available() or DECIDE in ("never", "always") \
-            or any(m.weight.dtype != torch.float32 or m.weight.device.type != "cpu" for m in linears):
+            or any(m.weight.dtype not in (torch.float32, torch.bfloat16) or m.weight.device.type != "cpu"
+                   or m.weight.dtype != linears[0].weight.dtype for m in linears):
         return None
     if DECIDE != "stream":
-        xs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+        xs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears}
         with torch.no_grad():
             t_plain, t_stream = _timed_pass([lambda: [F.linear(xs[m.in_features], m.weight, m.bias) for m in linears],
                                              lambda: [cpu_gemm.small_linear(xs[m.in_features], m.weight, m.bias)
@@ -270,7 +271,7 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
     rows = sorted(set(int(r) for r in row_counts if r >= 1))
     plain = {r: "plain" for r in rows}
     fp32, bf16 = w.dtype == torch.float32, w.dtype == torch.bfloat16
-    mkl, stream = fp32 and packed_gemm_available(), fp32 and cpu_gemm.available()
+    mkl, stream = fp32 and packed_gemm_available(), (fp32 or bf16) and cpu_gemm.available()
     onednn = bf16 and onednn_available()
     if not rows or w.device.type != "cpu" or not (mkl or stream or onednn) or DECIDE == "never":
         return plain

@@ -1,5 +1,7 @@
 // Small-row float32 linear layer for x86 CPUs with AVX-512 or AVX2 + FMA: y (M, N) = x (M, K) @ w (N, K)^T + b,
-// against a packed copy of w made once (`pack`).
+// against a packed copy of w made once (`pack`). bfloat16 weights and x take the same float32 FMA
+// chain on their widened (exact) values, the weights streamed at half the bytes, and y is rounded to
+// bfloat16 once at the end.
 //
 // Why: a decoding step multiplies 1-32 rows by every weight. MKL's GEMM streams the weights at
 // 11-16 GB/s there (a third of the memory's speed on the 2-core machines this project runs on);
@@ -21,7 +23,7 @@
 // So every output y[m, n] is the same chain of FMAs whatever M, the tiling and the ISA are: a
 // row's result does not depend on which other rows share the call (bitwise), and the AVX2 build
 // gives the AVX-512 build's results bit for bit. The weights are prefetched
-// PREFETCH_STEPS steps (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
+// PREFETCH_BYTES (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
 // alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
 // Only the headers it uses, not <torch/extension.h>: the build takes ~18 s instead of ~45 s on the
 // 2-core machine (it runs once per machine, on the first `make demo`)
@@ -42,11 +44,13 @@
 namespace {
 
 constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
-constexpr int64_t PREFETCH_STEPS = 128;  // k steps ahead in a block's stream (128 x 64 B)
+constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead in a block's stream (128 steps of float32 lines)
 
-inline void prefetch_line(const float* p, int64_t k) {
+template <typename W>  // W: float, or uint16_t for bfloat16 weights (half a line per step)
+inline void prefetch_line(const W* p, int64_t k) {
 #ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
-  _mm_prefetch(reinterpret_cast<const char*>(p + (k + PREFETCH_STEPS) * LANES), _MM_HINT_T0);
+  constexpr int64_t steps = PREFETCH_BYTES / (LANES * static_cast<int64_t>(sizeof(W)));
+  _mm_prefetch(reinterpret_cast<const char*>(p + (k + steps) * LANES), _MM_HINT_T0);
 #endif
 }
 
@@ -54,8 +58,16 @@ inline void prefetch_line(const float* p, int64_t k) {
 constexpr int64_t MAX_MT = 16;  // rows per tile, at most
 constexpr const char* ISA = "avx512";
 
-template <int MT>
-inline void tile(const float* __restrict xt, int64_t ldx, const float* __restrict p, int64_t K,
+// a step's 16 weights as float32: loaded, or bfloat16 widened (its bits are a float32's upper half,
+// so the value is exact and the FMA chain is the float32 one)
+inline __m512 load_w(const float* p) { return _mm512_load_ps(p); }
+inline __m512 load_w(const uint16_t* p) {
+  const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MT, typename W>
+inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                  float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
   // xt: (K, ldx) transposed rows, this tile's MT rows from column 0; p: one block (K, 16);
   // y: MT rows (stride ldy), outputs n .. n + 16 (those < N written)
@@ -63,7 +75,7 @@ inline void tile(const float* __restrict xt, int64_t ldx, const float* __restric
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     prefetch_line(p, k);
-    const __m512 wv = _mm512_load_ps(p + k * LANES);
+    const __m512 wv = load_w(p + k * LANES);
     const float* xk = xt + k * ldx;
     for (int i = 0; i < MT; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[i]), acc[i]);
   }
@@ -80,8 +92,19 @@ inline __m256i first_lanes(int64_t count) {  // lanes 0 .. count-1 set (count cl
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-template <int MT>
-inline void tile(const float* __restrict xt, int64_t ldx, const float* __restrict p, int64_t K,
+inline void load_w(const float* p, __m256& w0, __m256& w1) {
+  w0 = _mm256_load_ps(p);
+  w1 = _mm256_load_ps(p + 8);
+}
+inline void load_w(const uint16_t* p, __m256& w0, __m256& w1) {  // bfloat16 widened, as in the AVX-512 form
+  const __m128i h0 = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i h1 = _mm_load_si128(reinterpret_cast<const __m128i*>(p + 8));
+  w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+  w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+}
+
+template <int MT, typename W>
+inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                  float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
   // as the AVX-512 tile; lo/hi: outputs n .. n + 7 and n + 8 .. n + 15 of each row. The unroll
   // pragmas keep the accumulators in registers: without them GCC also stored every accumulator to
@@ -94,7 +117,8 @@ inline void tile(const float* __restrict xt, int64_t ldx, const float* __restric
   }
   for (int64_t k = 0; k < K; ++k) {
     prefetch_line(p, k);
-    const __m256 w0 = _mm256_load_ps(p + k * LANES), w1 = _mm256_load_ps(p + k * LANES + 8);
+    __m256 w0, w1;
+    load_w(p + k * LANES, w0, w1);
     const float* xk = xt + k * ldx;
 #pragma GCC unroll 16
     for (int i = 0; i < MT; ++i) {
@@ -116,10 +140,11 @@ inline void tile(const float* __restrict xt, int64_t ldx, const float* __restric
 #error "cpu_gemm.cpp needs AVX-512F or AVX2 + FMA (build with -mavx512f or -mavx2 -mfma)"
 #endif
 
-void rows_tile(int64_t rows, const float* xt, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
+template <typename W>
+void rows_tile(int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K, float* y, int64_t ldy,
                int64_t n, int64_t N, const float* bias) {
   switch (rows) {
-#define CASE(R) case R: tile<R>(xt, ldx, p, K, y, ldy, n, N, bias); break;
+#define CASE(R) case R: tile<R, W>(xt, ldx, p, K, y, ldy, n, N, bias); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #if defined(__AVX512F__)
     CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
@@ -132,7 +157,8 @@ void rows_tile(int64_t rows, const float* xt, int64_t ldx, const float* p, int64
 }  // namespace
 
 at::Tensor pack(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "pack: a float32 weight (N, K)");
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "pack: a float32 or bfloat16 weight (N, K)");
   const int64_t N = w.size(0), K = w.size(1), blocks = (N + LANES - 1) / LANES;
   auto padded = at::zeros({blocks * LANES, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
@@ -145,7 +171,9 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   // by the caller (each tensor call from Python costs microseconds, and a step makes 211 of these)
   TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
               "packed_linear: x (..., K) and a packed weight (blocks, K, 16)");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat, "packed_linear: float32 only");
+  const bool bf16 = p.scalar_type() == at::kBFloat16;  // bfloat16 weights, x and y; float32 arithmetic
+  TORCH_CHECK((x_in.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat) ||
+              (x_in.scalar_type() == at::kBFloat16 && bf16), "packed_linear: float32 or bfloat16 x and weight, alike");
   TORCH_CHECK(x_in.device().is_cpu() && p.device().is_cpu(), "packed_linear: CPU tensors only");
   TORCH_CHECK(p.is_contiguous() && N > (p.size(0) - 1) * LANES && N <= p.size(0) * LANES,
               "packed_linear: N does not match the packed weight");
@@ -156,37 +184,48 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   const float* bias = nullptr;
   at::Tensor bc;
   if (b.has_value() && b->defined()) {
-    TORCH_CHECK(b->scalar_type() == at::kFloat && b->numel() == N, "packed_linear: bias (N,)");
-    bc = b->contiguous();
+    TORCH_CHECK(b->scalar_type() == x_in.scalar_type() && b->numel() == N, "packed_linear: bias (N,), as x");
+    bc = b->to(at::kFloat).contiguous();  // bfloat16: widened (exact)
     bias = bc.data_ptr<float>();
   }
-  auto y = at::empty({M, N}, x.options());
-  if (M == 0) return y.view(out_shape);
+  auto y = at::empty({M, N}, x.options().dtype(at::kFloat));  // bfloat16: rounded once, at the end
+  if (M == 0) return y.to(x_in.scalar_type()).view(out_shape);
   // rows in groups of at most MAX_MT, as even as possible (a group re-reads the block from L1/L2);
   // each group's rows transposed into a panel of their own, (K, rows in the group), so that a step
   // reads them from one line (one (K, M) transpose for all rows: 64 rows took 0.86-0.94x as long as
   // with it on the AMD EPYC Zen 3, 16-32 rows 0.9-1.0x; `bench_cpu_gemm.py --against`)
   const int64_t groups = (M + MAX_MT - 1) / MAX_MT, per = (M + groups - 1) / groups;
   std::vector<float> xt_buf(K * M);  // groups x (K, per), the last group possibly narrower
-  const auto xa = x.accessor<float, 2>();
-  for (int64_t m0 = 0; m0 < M; m0 += per) {
-    const int64_t rows = std::min(per, M - m0);
-    float* panel = xt_buf.data() + m0 * K;  // (K, rows)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t k = 0; k < K; ++k) panel[k * rows + i] = xa[m0 + i][k];
-  }
+  auto fill_panels = [&](auto xa) {  // bfloat16 x widened to float32 (exact)
+    for (int64_t m0 = 0; m0 < M; m0 += per) {
+      const int64_t rows = std::min(per, M - m0);
+      float* panel = xt_buf.data() + m0 * K;  // (K, rows)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t k = 0; k < K; ++k) panel[k * rows + i] = static_cast<float>(xa[m0 + i][k]);
+    }
+  };
+  if (bf16)
+    fill_panels(x.accessor<at::BFloat16, 2>());
+  else
+    fill_panels(x.accessor<float, 2>());
   const float* xt = xt_buf.data();
-  const float* pp = p.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // ~64 KB of weights per task at least: enough work per thread hand-off
+  // ~64 KB of float32 weights per task at least: enough work per thread hand-off
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, LANES * K));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk)
-      for (int64_t m = 0; m < M; m += per) {
-        const int64_t rows = std::min(per, M - m);
-        rows_tile(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
-      }
-  });
+  auto run = [&](const auto* pp) {
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk)
+        for (int64_t m = 0; m < M; m += per) {
+          const int64_t rows = std::min(per, M - m);
+          rows_tile(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
+        }
+    });
+  };
+  if (bf16) {
+    run(reinterpret_cast<const uint16_t*>(p.data_ptr<at::BFloat16>()));
+    return y.to(at::kBFloat16).view(out_shape);  // rounded to nearest, ties to even
+  }
+  run(p.data_ptr<float>());
   return y.view(out_shape);
 }
 
@@ -264,8 +303,8 @@ EAGLE_GEMM_LIBRARY(TORCH_EXTENSION_NAME, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "the packed copy (ceil(N/16), K, 16) of a float32 weight (N, K)");
-  m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32, AVX-512 or AVX2)");
+  m.def("pack", &pack, "the packed copy (ceil(N/16), K, 16) of a float32 or bfloat16 weight (N, K)");
+  m.def("packed_linear", &packed_linear, "y = x @ w.T + b for few rows against pack(w) (float32 or bfloat16, AVX-512 or AVX2)");
   m.def("hold", &hold, "keep a (packed, opaque) weight in the table of held weights; returns its slot");
   m.def("release", &release, "free a slot of the table of held weights");
   m.def("held_count", &held_count, "how many weights are held");

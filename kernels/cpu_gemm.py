@@ -52,6 +52,7 @@ _EXT = None  # the loaded extension module
 _REASON: str | None = None  # why it is unavailable (None: not tried yet, or available)
 _TRIED = False
 _PACKS = WeightMemo()  # weight -> its packed copy
+_DTYPES = (torch.float32, torch.bfloat16)  # what the kernel multiplies (bfloat16: float32 arithmetic)
 
 
 # instruction sets the kernel is built for, best first: (name, CPU flags it needs, compiler flags)
@@ -135,9 +136,10 @@ def unavailable_reason() -> str | None:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel applies to these tensors: float32 CPU tensors, no autograd."""
+    """Whether the kernel applies to these tensors: float32 or bfloat16 CPU tensors (both the same),
+    no autograd."""
     # tensor attributes only (``.is_cpu``, not ``.device.type``): this runs on every product of a step
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
+    return (x.dtype == weight.dtype and x.dtype in _DTYPES and x.is_cpu and weight.is_cpu
             and weight.ndim == 2 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 

@@ -294,3 +294,45 @@ def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
     times = compile_times(dec)  # what eagle bench / eagle generate print
     assert list(times) == [f"draft level {r} rows x {c} slots" for r, c in sorted(dr.compile_s)]
     assert format_compile({"x": times}).startswith("compiled x: draft level ")
+
+
+def test_bfloat16_drafting_through_the_small_row_kernel(monkeypatch):
+    """A bfloat16 drafter's head copy takes the small-row kernel's bfloat16 form when that is chosen:
+    its linear layers are PackedLinear sharing the cast copy's weights, the first draft tree has the
+    tokens and (to bf16 rounding) the scores of F.linear drafting, and greedy decoding stays lossless."""
+    import eagle.packed as pk
+    from eagle.packed import PackedLinear
+    from kernels import cpu_gemm
+
+    if not cpu_gemm.available():
+        pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=5)
+    shape = TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8)
+    monkeypatch.setattr(pk, "DECIDE", "stream")
+    fast = EagleDrafter(target, head, shape, dtype=torch.bfloat16)
+    monkeypatch.setattr(pk, "DECIDE", "never")
+    slow = EagleDrafter(target, head, shape, dtype=torch.bfloat16)
+    linears = [m for m in fast.head.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert not any(isinstance(m, PackedLinear) for m in slow.head.modules())
+    prompt = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(8))
+    trees = []
+
+    class Recording(EagleDrafter):
+        def propose(self, root, sampling):
+            tree = super().propose(root, sampling)
+            trees.append(tree)
+            return tree
+
+    plain = TreeDecoder(target).generate(prompt, 20).tokens
+    firsts = []
+    for d in (fast, slow):
+        d.__class__ = Recording
+        assert TreeDecoder(target, d).generate(prompt, 20).tokens == plain
+        firsts.append(trees[0])
+        trees.clear()
+    a, b = firsts
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+    torch.testing.assert_close(a.scores, b.scores, atol=0.05, rtol=0.02)

@@ -119,6 +119,29 @@ def test_each_instruction_set_form_of_the_source_compiles(isa):
 
 
 @needs_kernel
+@pytest.mark.parametrize("M,K", [(1, 23), (7, 300), (18, 300)])
+def test_bfloat16_outputs_are_the_float32_fma_chain_rounded_once(M, K):
+    """bfloat16 weights and x: every output is the float32 FMA chain over k of their (exactly)
+    widened values, plus the bias, rounded once to bfloat16 (bitwise); a row's result does not
+    depend on the other rows of the call."""
+    gen = torch.Generator().manual_seed(11)
+    N = 19
+    x, w, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((M, K), (N, K), (N,)))
+    y = cpu_gemm.small_linear(x, w, b)
+    assert y.dtype == torch.bfloat16 and y.shape == (M, N)
+    xs, ws, bs = x.float().tolist(), w.float().tolist(), b.float().tolist()
+    want = torch.empty(M, N)
+    for m in range(M):
+        for n in range(N):
+            acc = 0.0
+            for k in range(K):
+                acc = _fma32(ws[n][k], xs[m][k], acc)
+            want[m, n] = torch.tensor(acc, dtype=torch.float32) + torch.tensor(bs[n], dtype=torch.float32)
+    assert torch.equal(y, want.bfloat16())
+    assert torch.equal(y, torch.cat([cpu_gemm.small_linear(x[m:m + 1], w, b) for m in range(M)]))
+
+
+@needs_kernel
 def test_non_contiguous_inputs_and_what_goes_to_the_reference():
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(64, 48, generator=gen)
@@ -128,7 +151,7 @@ def test_non_contiguous_inputs_and_what_goes_to_the_reference():
                                atol=2e-5, rtol=1e-5)
     xh, wh = xt.half(), w.half()
     assert not cpu_gemm.supports(xh, wh) and torch.equal(cpu_gemm.small_linear(xh, wh), F.linear(xh, wh))
-    assert not cpu_gemm.supports(xt.bfloat16(), w.bfloat16())  # float32 only
+    assert cpu_gemm.supports(xt.bfloat16(), w.bfloat16()) and not cpu_gemm.supports(xt.bfloat16(), w)  # alike only
     wg = w.clone().requires_grad_(True)
     assert not cpu_gemm.supports(xt, wg)
     cpu_gemm.small_linear(xt, wg).sum().backward()  # autograd's path: the reference

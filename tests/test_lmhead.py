@@ -93,15 +93,15 @@ def test_other_dtypes_and_trained_weights():
 @pytest.mark.skipif(not onednn_available(), reason="no oneDNN bfloat16 GEMM in this torch build / on this CPU")
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_bfloat16_ways_include_onednn_on_a_packed_copy(rows, monkeypatch):
-    """A bfloat16 head's candidates: F.linear, transposed (from 2 rows) and oneDNN on a packed copy,
-    which is kept when it wins; every way is close to the float32 product of the same values, and
+    """A bfloat16 head's candidates: F.linear, transposed (from 2 rows), the small-row kernel (where it
+    runs) and oneDNN on a packed copy, which is kept when it wins; every way is close to the float32 product of the same values, and
     the oneDNN way gives each row the bits it gets alone."""
     torch.manual_seed(rows)
     w, x = torch.randn(300, 24, dtype=torch.bfloat16), torch.randn(rows, 24, dtype=torch.bfloat16)
     ref = torch.nn.functional.linear(x.float(), w.float())
     with torch.no_grad():
         ways, packed = lmhead._candidates(rows, x, w)
-    assert set(ways) == ({"plain", "onednn"} if rows == 1 else {"plain", "transposed", "onednn"})
+    assert set(ways) == {"plain", "onednn", *STREAM} | ({"transposed"} if rows > 1 else set())
     assert packed is not None and packed.layout == torch._mkldnn
     for fn in ways.values():
         out = fn(x, w)
