@@ -40,6 +40,7 @@ bench: setup
 		--config experiments/configs/eagle1-static.yaml --config experiments/configs/ngram.yaml \
 		--config experiments/configs/chain-draft-model.yaml --config experiments/configs/plain-dynamic-cache.yaml \
 		--config experiments/configs/plain-bf16.yaml --config experiments/configs/eagle2-cpu-bf16.yaml \
+		--config experiments/configs/eagle2-dynamic-bf16.yaml \
 		--json experiments/results/bench-smollm2.json
 
 # docs/ablations.md: every experiments/ablations/*.yaml through `eagle sweep` (resumable: a rerun

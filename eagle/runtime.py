@@ -7,7 +7,8 @@ The ``runtime:`` section of a decoding config::
       buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes)
       dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
       compile: false       # compile each bucket's step (CPU: each decoder layer, one graph for all; GPU: CUDA graphs)
-      packed_linear: true  # CPU float32: per bucket the fastest of F.linear, MKL's packed GEMM and the small-row kernel (eagle/packed.py)
+      packed_linear: true  # CPU: per bucket the fastest GEMM: F.linear, MKL's packed GEMM or the small-row kernel
+                           # (float32); F.linear, oneDNN on packed copies or the kernel's bf16 form (bfloat16)
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
 (docs/results.md, "The fast target path", "Compiled decoder layers"). Compiling the whole step cost

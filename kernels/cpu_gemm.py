@@ -1,4 +1,4 @@
-"""A float32 linear layer for few rows on x86 CPUs with AVX-512 or AVX2 + FMA (``cpu_gemm.cpp`` beside this file).
+"""A float32 (or bfloat16) linear layer for few rows on x86 CPUs with AVX-512 or AVX2 + FMA (``cpu_gemm.cpp`` beside this file).
 
 A decoding step multiplies 1-32 rows (one token, a padded tree) by every weight of the model. On
 the 2-core machines this project is developed on, MKL's GEMM streams the weights at 11-16 GB/s
@@ -20,9 +20,12 @@ Three things, as for the Triton kernel:
   builds compute every output by the same chain of FMAs, so they give the same bits (:func:`isa`
   says which one runs).
 
-Float32 only: a bfloat16 form of the first version's tiles (``vdpbf16ps``, AVX512-BF16) was written and
-measured slower than oneDNN's bf16 GEMM here (1 row: 19.9 against 16.3 ms for the 211 products,
-docs/results.md), so it was removed and bf16 models keep ``F.linear``.
+bfloat16 weights and x take the same float32 FMA chain on their (exactly) widened values, the
+weights streamed at half the bytes, and the result is rounded to bf16 once. (A first bf16 form,
+tiles with ``vdpbf16ps`` on the AMD EPYC Zen 4, measured slower than oneDNN's bf16 GEMM there and was
+removed; this one beat oneDNN on packed copies for 1-8 rows on the Intel Xeon with AMX, and callers
+choose by measurement.) :class:`HeldWeight` / :func:`held_op` let compiled graphs call oneDNN on
+packed bf16 copies, which they cannot take as inputs.
 
 A row's result does not depend on the other rows of the call (same chain of FMAs per output),
 which keeps a tree's products bitwise equal to the one-token products of the same rows.
