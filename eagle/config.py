@@ -17,7 +17,7 @@ __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "confi
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "eagle3", "model", "medusa")
 ATTENTION = ("auto", "triton", "reference")
-DRAFT_DTYPES = ("",) + DTYPES  # "" = the target's
+DRAFT_DTYPES = ("", "auto") + DTYPES  # "" = the target's; auto: float32 or bfloat16, measured (eagle/heads/drafter.py)
 
 
 class ConfigError(ValueError):
@@ -37,7 +37,7 @@ class DrafterConfig:
     max_ngram: int = 3
     min_ngram: int = 1
     branches: int = 1  # ngram: distinct continuations kept as tree branches
-    dtype: str = ""  # eagle: run the head in this precision (float32 | bfloat16 | float16); "" = the target's
+    dtype: str = ""  # eagle: run the head in this precision (float32 | bfloat16 | float16 | auto); "" = the target's
 
 
 @dataclass
@@ -65,6 +65,9 @@ class DecodeConfig:
                               f"got '{self.drafter.dtype}'")
         if self.drafter.dtype and self.drafter.type not in ("eagle", "eagle3", "medusa"):
             raise ConfigError(f"drafter.dtype applies to the eagle, eagle3 and medusa drafters only, not '{self.drafter.type}'")
+        if self.drafter.dtype == "auto" and self.drafter.type == "medusa":
+            raise ConfigError("drafter.dtype 'auto' applies to the eagle and eagle3 drafters only; "
+                              "give medusa a precision (float32 | bfloat16 | float16)")
         if self.drafter.type in ("eagle", "eagle3") and not self.drafter.head:
             raise ConfigError(f"drafter.type '{self.drafter.type}' needs drafter.head (a head checkpoint folder)")
         if self.drafter.type == "medusa" and not self.drafter.head:

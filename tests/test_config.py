@@ -187,6 +187,8 @@ def test_non_mapping_sections(tmp_path, text):
     ("drafter: {type: ngram, branches: 0}\n", "branches"),
     ("drafter: {type: eagle, head: h, dtype: int8}\n", "drafter.dtype"),
     ("drafter: {type: ngram, dtype: bfloat16}\n", "drafters only"),
+    ("drafter: {type: ngram, dtype: auto}\n", "drafters only"),
+    ("drafter: {type: medusa, head: h, dtype: auto}\n", "eagle and eagle3 drafters only"),
 ])
 def test_bad_values(tmp_path, text, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -336,3 +336,42 @@ def test_bfloat16_drafting_through_the_small_row_kernel(monkeypatch):
     a, b = firsts
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
     torch.testing.assert_close(a.scores, b.scores, atol=0.05, rtol=0.02)
+
+
+def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
+    """``drafter.dtype: auto``: float32 without timing where bf16 is not native; otherwise the two
+    precisions' level products are timed (both really run) and bfloat16 must win by MARGIN; a
+    config with ``dtype: auto`` builds a drafter in the chosen precision, and decoding stays lossless."""
+    import eagle.packed as pk
+    from eagle.config import config_from_dict
+    from eagle.draft import build_drafter
+    from eagle.heads.drafter import fastest_dtype
+
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    head = random_head(model, seed=3)
+
+    def no_timing(fns, repeats):
+        raise AssertionError("nothing to time without native bf16")
+
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
+    monkeypatch.setattr(pk, "_timed_pass", no_timing)
+    assert fastest_dtype(target, head, rows=3) == torch.float32
+    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    for secs, want in (((1.0, 0.5), torch.bfloat16), ((1.0, 0.99), torch.float32), ((1.0, 1.5), torch.float32)):
+        def fake(fns, repeats, secs=secs):
+            for fn in fns:  # both precisions' products really run
+                fn()
+            return list(secs)
+
+        monkeypatch.setattr(pk, "_timed_pass", fake)
+        assert fastest_dtype(target, head, rows=3) == want
+    (tmp_path / "head").mkdir()
+    monkeypatch.setattr("eagle.heads.load_head", lambda path, model: head)  # the random head, as if loaded
+    cfg = config_from_dict({"drafter": {"type": "eagle", "head": "head", "dtype": "auto"},
+                            "tree": {"shape": "dynamic", "depth": 3, "top_k": 2, "total_tokens": 6}},
+                           tmp_path / "auto.yaml")
+    drafter = build_drafter(cfg, target)  # the last fake timing: bfloat16 lost
+    assert isinstance(drafter, EagleDrafter) and drafter.dtype == torch.float32
+    prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
+    assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens

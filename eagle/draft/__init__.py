@@ -28,8 +28,13 @@ def build_drafter(config, target) -> Drafter:
         kind = "eagle3" if head.feature_layers else "eagle"
         if kind != d.type:
             raise ValueError(f"head {d.head} is an {kind} head: use drafter type '{kind}', not '{d.type}'")
-        return EagleDrafter(target, head, config.tree, sample=d.sample,
-                            dtype=getattr(torch, d.dtype) if d.dtype else None)
+        if d.dtype == "auto":  # the faster of float32 and bfloat16 for a level's products here
+            from ..heads.drafter import fastest_dtype
+
+            dtype = fastest_dtype(target, head, rows=config.tree.top_k)
+        else:
+            dtype = getattr(torch, d.dtype) if d.dtype else None
+        return EagleDrafter(target, head, config.tree, sample=d.sample, dtype=dtype)
     if d.type == "medusa":
         from ..heads.medusa import MedusaDrafter, load_medusa
 

@@ -36,6 +36,45 @@ from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape
 
 
+def fastest_dtype(target: Target, head: DraftHead, rows: int, repeats: int = 5) -> torch.dtype:
+    """``drafter.dtype: auto``: the precision, float32 or bfloat16, in which a tree level's products
+    (``rows`` rows: the head's linear layers and the draft LM head) run faster on this machine. A
+    draft only proposes, so either keeps decoding lossless. bfloat16 on GPU; float32 on a CPU
+    without native bf16 products (there bf16 is emulated and slower, ``eagle.runtime.native_bf16``);
+    otherwise both are timed on the head's own weights (interleaved, best of ``repeats``: each linear
+    through the small-row kernel where it runs, the LM head through ``eagle.lmhead.project``, which
+    picks its fastest way), and bfloat16 must win by ``eagle.packed.MARGIN``."""
+    from kernels import cpu_gemm
+
+    from ..lmhead import project
+    from ..packed import MARGIN, _timed_pass
+    from ..runtime import native_bf16
+
+    dev = target.device
+    if dev.type == "cuda":
+        return torch.bfloat16
+    if not native_bf16(dev):
+        return torch.float32
+    lm = head.draft_weight(target.lm_head).detach()  # (Vd, H)
+    linears = [m for m in head.modules() if type(m) is torch.nn.Linear]
+
+    def level(dtype):
+        w_lm = lm.to(dtype)
+        ws = [(m.weight.detach().to(dtype), None if m.bias is None else m.bias.detach().to(dtype)) for m in linears]
+        xs = {k: torch.randn(rows, k, dtype=dtype) for k in {w.shape[1] for w, _ in ws} | {w_lm.shape[1]}}
+
+        def run():
+            project(xs[w_lm.shape[1]], w_lm)  # (rows, Vd)
+            for w, b in ws:
+                cpu_gemm.small_linear(xs[w.shape[1]], w, b)
+
+        return run
+
+    with torch.no_grad():
+        t32, t16 = _timed_pass([level(torch.float32), level(torch.bfloat16)], repeats)
+    return torch.bfloat16 if t16 < (1 - MARGIN) * t32 else torch.float32
+
+
 class EagleDrafter(Drafter):
     """Drafts with an EAGLE-1/2 head (:class:`~eagle.heads.eagle.DraftHead`) or an EAGLE-3 head
     (:class:`~eagle.heads.eagle3.Eagle3Head`): both take ``(hidden, token embedding)`` pairs and
