@@ -103,8 +103,15 @@ class SlotCache(Cache):
             raise ValueError(f"SlotCache: layer {layer_idx} writes keys of {tuple(key_states.shape)}, the buffers "
                              f"hold {tuple(keys.shape)}: every layer must have the same KV heads and head size")
         slots = kwargs["cache_slots"]
-        keys.index_copy_(2, slots, key_states)
-        values.index_copy_(2, slots, value_states)
+        if torch.compiler.is_compiling():
+            # one scatter into the stacked buffers (a graph input), written in place: index_copy_ on
+            # the layer's view made inductor copy the layer's whole buffer out and back, per layer
+            layer = slots.new_full(slots.shape, layer_idx)  # (T,)
+            self.keys[layer, :, :, slots] = key_states.permute(2, 0, 1, 3)  # the indexed part: (T, B, H_kv, D)
+            self.values[layer, :, :, slots] = value_states.permute(2, 0, 1, 3)
+        else:
+            keys.index_copy_(2, slots, key_states)
+            values.index_copy_(2, slots, value_states)
         n = kwargs.get("cache_kv_len")
         if n is None:
             return keys, values

@@ -51,3 +51,24 @@ def test_generate_never_reallocates_the_cache(tiny_model):
     target.tree_forward = spy
     TreeDecoder(target, RandomTreeDrafter(V, seed=1, max_nodes=12)).generate(torch.arange(1, 30) % V, 40)
     assert len(ptrs) > 10 and len(set(ptrs)) == 1
+
+
+def test_a_traced_update_writes_what_an_eager_one_does():
+    """Under torch.compile the update scatters into the stacked buffers (one index_put_ with the
+    layer index as a tensor) instead of index_copy_ on the layer's view: the same entries land in
+    the same slots (batch of 2, scattered slots, two layers), the returned views are the layer's."""
+    gen = torch.Generator().manual_seed(0)
+    eager, traced = SlotCache(3, 16), SlotCache(3, 16)
+    writes = [(layer, torch.randn(2, 2, 4, 8, generator=gen), torch.randn(2, 2, 4, 8, generator=gen),
+               torch.tensor(slots)) for layer, slots in ((0, [0, 1, 2, 3]), (2, [9, 4, 7, 5]), (1, [15, 0, 3, 8]))]
+
+    def step(cache, layer, k, v, slots):
+        return cache.update(k, v, layer, kwargs={"cache_slots": slots})
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    for layer, k, v, slots in writes:
+        ke, ve = step(eager, layer, k, v, slots)
+        kt, vt = compiled(traced, layer, k, v, slots)
+        assert torch.equal(ke, kt) and torch.equal(ve, vt)
+    assert torch.equal(eager.keys, traced.keys) and torch.equal(eager.values, traced.values)
+    assert torch.equal(traced.keys[2][:, :, [9, 4, 7, 5]], writes[1][1])
