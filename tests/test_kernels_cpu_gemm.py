@@ -70,6 +70,20 @@ def _fma32(a: float, b: float, c: float) -> float:
     return float(min(near, key=lambda v: int(v.view(np.int32)) & 1))  # a tie: the even one
 
 
+def _fma_chain(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(M, N)`` float32: ``fma(w[n, K-1], x[m, K-1], ... fma(w[n, 0], x[m, 0], 0)) + b[n]``, each
+    step rounded once (computed exactly, :func:`_fma32`)."""
+    xs, ws, bs = x.tolist(), w.tolist(), b.tolist()
+    want = torch.empty(x.shape[0], w.shape[0])
+    for m in range(x.shape[0]):
+        for n in range(w.shape[0]):
+            acc = 0.0
+            for k in range(x.shape[1]):
+                acc = _fma32(ws[n][k], xs[m][k], acc)
+            want[m, n] = torch.tensor(acc, dtype=torch.float32) + torch.tensor(bs[n], dtype=torch.float32)
+    return want
+
+
 @needs_kernel
 @pytest.mark.parametrize("M,K", [(1, 23), (5, 23), (7, 23), (18, 23), (7, 300), (18, 300)])
 def test_every_output_is_the_float32_fma_chain_over_k(M, K):
@@ -80,15 +94,7 @@ def test_every_output_is_the_float32_fma_chain_over_k(M, K):
     N = 19  # a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile
     x, w, b = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
     y = cpu_gemm.small_linear(x, w, b)
-    xs, ws, bs = x.tolist(), w.tolist(), b.tolist()
-    want = torch.empty(M, N)
-    for m in range(M):
-        for n in range(N):
-            acc = 0.0
-            for k in range(K):
-                acc = _fma32(ws[n][k], xs[m][k], acc)
-            want[m, n] = torch.tensor(acc, dtype=torch.float32) + torch.tensor(bs[n], dtype=torch.float32)
-    assert torch.equal(y, want)
+    assert torch.equal(y, _fma_chain(x, w, b))
 
 
 def test_the_build_follows_the_cpu_flags():
@@ -129,15 +135,7 @@ def test_bfloat16_outputs_are_the_float32_fma_chain_rounded_once(M, K):
     x, w, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((M, K), (N, K), (N,)))
     y = cpu_gemm.small_linear(x, w, b)
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
-    xs, ws, bs = x.float().tolist(), w.float().tolist(), b.float().tolist()
-    want = torch.empty(M, N)
-    for m in range(M):
-        for n in range(N):
-            acc = 0.0
-            for k in range(K):
-                acc = _fma32(ws[n][k], xs[m][k], acc)
-            want[m, n] = torch.tensor(acc, dtype=torch.float32) + torch.tensor(bs[n], dtype=torch.float32)
-    assert torch.equal(y, want.bfloat16())
+    assert torch.equal(y, _fma_chain(x.float(), w.float(), b.float()).bfloat16())
     assert torch.equal(y, torch.cat([cpu_gemm.small_linear(x[m:m + 1], w, b) for m in range(M)]))
 
 

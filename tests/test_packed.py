@@ -141,6 +141,23 @@ def test_packing_pays_measures_real_products(tiny_model, monkeypatch):
 needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
 
 
+def _fake_timings(monkeypatch, verdict: dict, order: list) -> None:
+    """linear_ways' timer replaced: the row counts are measured in ``order``, and row count r's ways
+    take ``verdict[r]`` seconds (in linear_ways' order of ways); every way still runs once."""
+    import eagle.packed as pk
+
+    rows = iter(order)
+
+    def fake(fns, repeats):
+        r = next(rows)
+        assert len(fns) == len(verdict[r])
+        for fn in fns:  # every way really runs on the model's weights
+            fn()
+        return list(verdict[r])
+
+    monkeypatch.setattr(pk, "_timed_pass", fake)
+
+
 @needs_kernel
 def test_linear_ways_picks_the_fastest_of_three(tiny_model, monkeypatch):
     """Each row count gets the fastest way (a non-plain way must win by MARGIN); one to three rows
@@ -152,20 +169,27 @@ def test_linear_ways_picks_the_fastest_of_three(tiny_model, monkeypatch):
     monkeypatch.setattr(pk, "DECIDE", "measure")
     # rows -> seconds of (plain, packed, stream), or (plain, stream) below MIN_ROWS
     verdict = {1: (1.0, 0.5), 2: (1.0, 0.99), 4: (1.0, 0.6, 0.8), 8: (1.0, 0.9, 0.5), 16: (1.0, 2.0, 3.0)}
-    order = iter([1, 2, 4, 8, 16])
-
-    def fake(fns, repeats):
-        r = next(order)
-        assert len(fns) == len(verdict[r])
-        for fn in fns:  # every way really runs on the model's weights
-            fn()
-        return list(verdict[r])
-
-    monkeypatch.setattr(pk, "_timed_pass", fake)
+    _fake_timings(monkeypatch, verdict, [1, 2, 4, 8, 16])
     assert linear_ways(model, [1, 2, 4, 8, 16]) == {1: "stream", 2: "plain", 4: "packed", 8: "stream", 16: "plain"}
     assert packing_pays(model, [4, 8]) == frozenset({4})  # memo: nothing measured again
     monkeypatch.setattr(pk, "DECIDE", "stream")
     assert linear_ways(model, [1, 8]) == {1: "stream", 8: "stream"}
+
+
+def _same_tree_steps(on: Target, off: Target, prefix: torch.Tensor, gen: torch.Generator, tol) -> None:
+    """Both targets prefill ``prefix``, then run random trees of 1, 3 and 9 nodes: the same logits
+    and hidden states (``tol``: atol, rtol) and the same greedy tokens."""
+    for t in (on, off):
+        t.cache = t.new_cache(64)
+        t.prefill(prefix, t.cache)
+    for n in (1, 3, 9):
+        tree = make_random_tree(n, V, gen)
+        a, b = on.tree_forward(tree, on.cache), off.tree_forward(tree, off.cache)
+        torch.testing.assert_close(a.logits, b.logits, atol=tol[0], rtol=tol[1])
+        torch.testing.assert_close(a.hidden, b.hidden, atol=tol[0], rtol=tol[1])
+        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
+        for t in (on, off):
+            t.crop(t.cache, len(prefix))
 
 
 @needs_kernel
@@ -183,17 +207,7 @@ def test_streamed_target_equals_plain_target(arch, dtype, tiny_model, monkeypatc
     tol = (1e-4, 0) if dtype == "float32" else (0.1, 0.02)
     assert stream_row_counts(on.packed) >= {1, 4, 8, 16} and on.twin_rows >= {1, 4, 8, 16} and off.packed is None
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
-    for t in (on, off):
-        t.cache = t.new_cache(64)
-        t.prefill(prefix, t.cache)
-    for n in (1, 3, 9):
-        tree = make_random_tree(n, V, gen)
-        a, b = on.tree_forward(tree, on.cache), off.tree_forward(tree, off.cache)
-        torch.testing.assert_close(a.logits, b.logits, atol=tol[0], rtol=tol[1])
-        torch.testing.assert_close(a.hidden, b.hidden, atol=tol[0], rtol=tol[1])
-        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
-        for t in (on, off):
-            t.crop(t.cache, len(prefix))
+    _same_tree_steps(on, off, prefix, gen, tol)
 
 
 @needs_kernel
@@ -335,16 +349,7 @@ def test_linear_ways_measures_onednn_for_bfloat16(tiny_model, monkeypatch):
     verdict = {1: (1.0, 0.4, 0.5), 4: (1.0, 0.995, 0.99), 8: (1.0, 0.9, 0.8)}
     if not kernel:
         verdict = {r: (v[0], v[2]) for r, v in verdict.items()}
-    order = iter([1, 4, 8])
-
-    def fake(fns, repeats):
-        r = next(order)
-        assert len(fns) == len(verdict[r])
-        for fn in fns:  # every way really runs on the model's weights
-            fn()
-        return list(verdict[r])
-
-    monkeypatch.setattr(pk, "_timed_pass", fake)
+    _fake_timings(monkeypatch, verdict, [1, 4, 8])
     assert linear_ways(model, [1, 4, 8]) == {1: "stream" if kernel else "onednn", 4: "plain", 8: "onednn"}
     assert {m["dtype"] for m in packing_measurements()} == {"bfloat16"}
     monkeypatch.setattr(pk, "DECIDE", "always")
@@ -356,20 +361,10 @@ def test_linear_ways_measures_onednn_for_bfloat16(tiny_model, monkeypatch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_onednn_target_equals_plain_bfloat16_target(arch, tiny_model):
     """A bfloat16 target whose buckets take oneDNN on packed copies (tests: DECIDE="always") gives
-    the F.linear target's logits on random trees, up to bf16 rounding, and picks the same tokens;
-    each node's logits are bitwise those of the one-token step of its path's last node."""
+    the F.linear target's logits on random trees, up to bf16 rounding, and picks the same tokens."""
     model = tiny_model(arch)
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (19,), generator=gen)
     on, off = (Target(model, "reference", RuntimeConfig(dtype="bfloat16", packed_linear=p)) for p in (True, False))
     assert on.onednn_rows == set(on.runtime.buckets) and off.packed is None
-    for t in (on, off):
-        t.cache = t.new_cache(64)
-        t.prefill(prefix, t.cache)
-    for n in (1, 3, 9):
-        tree = make_random_tree(n, V, gen)
-        a, b = on.tree_forward(tree, on.cache), off.tree_forward(tree, off.cache)
-        torch.testing.assert_close(a.logits, b.logits, atol=0.05, rtol=0.02)
-        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
-        for t in (on, off):
-            t.crop(t.cache, len(prefix))
+    _same_tree_steps(on, off, prefix, gen, (0.05, 0.02))
