@@ -1,5 +1,7 @@
-"""Faster float32 GEMMs for the target's linear layers on the CPU, on a twin of the model: MKL's
-packed GEMM, or the small-row AVX-512 / AVX2 kernel of ``kernels/cpu_gemm.py``, per row count, by measurement.
+"""Faster GEMMs for the target's linear layers on the CPU, on a twin of the model, per row count, by
+measurement: for float32 MKL's packed GEMM or the small-row AVX-512 / AVX2 kernel of
+``kernels/cpu_gemm.py``; for bfloat16 oneDNN's GEMM on a packed copy of each weight or that
+kernel's bf16 form (``F.linear`` in bf16 re-lays every weight out for oneDNN on every call).
 
 Why: MKL's ordinary float32 GEMM runs a step of 4-32 rows (a tree) 2-3x slower than one row
 against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 row 35 ms, 8 rows
@@ -22,6 +24,9 @@ The small-row kernel (``kernels/cpu_gemm.py``: each weight streamed once at the 
 few x rows kept in L1) is the third way: on the AMD EPYC it ran all 211 products of a step 2.0x
 faster than ``F.linear`` for one row and 2.4-2.5x for 8-16 rows (``python kernels/bench_cpu_gemm.py``). :func:`linear_ways` times the ways available
 for each row count and keeps the fastest; a twin's layer runs each row count its own way.
+bfloat16 weights have their own candidates (``F.linear``, ``"onednn"``, the kernel's ``"stream"``),
+timed the same way; on the Intel Xeon with AMX the kernel won up to 8 rows and oneDNN from 16
+(docs/results.md, "bfloat16 on a CPU with AMX").
 This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
 The first version intercepted every torch call of the forward (~2,300 per step) with a
 ``TorchFunctionMode`` instead, whose Python cost per call made a 4-16-node step 10-13% slower
