@@ -102,6 +102,7 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     for dec in [plain_dec] + [dec for name, dec in decoders.items() if todo(name)]:
         dec.generate(encoded[0], min(8, max_new_tokens))
     result["compile_s"] = {name: t for name, dec in decoders.items() if (t := compile_times(dec))}
+    result["draft_dtype_auto"] = draft_precisions(decoders, configs)
     if on_compiled and result["compile_s"]:
         on_compiled(result["compile_s"])
     if todo("hf generate"):
@@ -209,6 +210,13 @@ def compile_times(dec) -> dict[str, float]:
     return out
 
 
+def draft_precisions(decoders: dict, configs) -> dict[str, str]:
+    """For each config with ``drafter.dtype: auto``, the precision its drafter took on this machine
+    (eagle.heads.drafter.fastest_dtype), e.g. ``{"eagle2-cpu": "bfloat16"}``."""
+    return {cfg.name: str(decoders[cfg.name].drafter.dtype).removeprefix("torch.")
+            for cfg in configs if cfg.drafter.dtype == "auto" and cfg.name in decoders}
+
+
 def format_compile(compile_s: dict) -> str:
     """One line per config: the seconds each compiled graph's first call took."""
     return "\n".join(f"compiled {name}: " + ", ".join(f"{what} {t:.1f} s" for what, t in per.items())
@@ -233,6 +241,8 @@ def format_table(result: dict) -> str:
                      f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} | "
                      f"{r['step_ms']['bookkeeping']:8.1f} |")
     lines.append("")
+    if result.get("draft_dtype_auto"):
+        lines.append("drafter.dtype auto took: " + ", ".join(f"{name} {d}" for name, d in result["draft_dtype_auto"].items()))
     lines.append("acceptance per depth (fraction of steps whose tree reached depth d that accepted a token there):")
     for r in result["runs"]:
         lines.append(f"  {r['config']:<22} " + " ".join(f"{a:.2f}" for a in r["per_depth_acceptance"]))

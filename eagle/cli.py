@@ -195,10 +195,12 @@ def _generate(args) -> None:
 
     if args.compare or dec.target.runtime.compile:  # first-call costs (compilation) outside the timing
         dec.generate(ids, 4)
-    from .bench import compile_times, format_compile
+    from .bench import compile_times, draft_precisions, format_compile
 
     if times := compile_times(dec):
         print(format_compile({config.name: times}), file=sys.stderr)
+    for name, d in draft_precisions({config.name: dec}, [config]).items():
+        print(f"drafter.dtype auto took {d} for {name} (the faster here)", file=sys.stderr)
     out, dt = timed(dec, stream)  # the answer, streamed
     st = out.stats
     line = (f"\n\n[{config.name}] tokens: {st.new_tokens} | tau: {st.tau:.2f} | tok/s: {st.new_tokens / dt:.1f} "

@@ -25,6 +25,7 @@ def test_bench_json_contract(tiny_target, tmp_path, capsys):
     assert r["plain"]["speedup_vs_hf"] == r["plain"]["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
     assert r["plain"]["identical_to_hf"] == 2  # our plain loop == transformers' greedy generate
     assert [x["config"] for x in r["runs"]] == ["ngram", "self-draft"]
+    assert r["draft_dtype_auto"] == {}  # no config asked for drafter.dtype: auto
     for run in r["runs"]:
         assert set(run) >= {"config", "mean_accepted", "tokens_per_s", "speedup", "speedup_vs_hf", "identical_to_plain",
                             "prompts"}
@@ -76,3 +77,24 @@ def test_pooled_tau_leaves_out_one_prefill_token_per_generation():
         del old["generations"]
         run.add({"tokens": [0] * st.new_tokens, "seconds": 1.0, "stats": old})
     assert run.stats.tau == (6 + 8) / 5
+
+
+def test_the_precision_auto_took_is_reported():
+    """``drafter.dtype: auto``: the bench JSON and table name the precision each such config's
+    drafter took; configs with a fixed precision are not listed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from eagle.bench import draft_precisions, format_table
+
+    configs = [SimpleNamespace(name="a", drafter=SimpleNamespace(dtype="auto")),
+               SimpleNamespace(name="b", drafter=SimpleNamespace(dtype="float32"))]
+    decoders = {"a": SimpleNamespace(drafter=SimpleNamespace(dtype=torch.bfloat16)),
+                "b": SimpleNamespace(drafter=SimpleNamespace(dtype=torch.float32))}
+    assert draft_precisions(decoders, configs) == {"a": "bfloat16"}
+    result = {"target": "t", "device": "cpu", "max_new_tokens": 4, "temperature": 0.0, "runs": [],
+              "plain": {"tokens_per_s": 1.0, "hf_tokens_per_s": 1.0, "identical_to_hf": 1, "prompts": 1},
+              "draft_dtype_auto": {"a": "bfloat16"}}
+    assert "drafter.dtype auto took: a bfloat16" in format_table(result)
+    assert "auto took" not in format_table(result | {"draft_dtype_auto": {}})
