@@ -40,7 +40,7 @@ import torch
 
 from kernels import cpu_gemm
 
-from .packed import MIN_ROWS, onednn_available, packed_gemm_available
+from .packed import MIN_ROWS, onednn_available, onednn_linear, onednn_pack, packed_gemm_available
 from .weightmemo import WeightMemo
 
 __all__ = ["project"]
@@ -57,7 +57,7 @@ def _project_transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Ten
 @dataclass
 class _Choice:
     way: str  # "plain" | "transposed" | "packed" | "stream" | "onednn"
-    packed: torch.Tensor | None = None  # the packed copy, when "packed" won
+    packed: torch.Tensor | None = None  # the packed copy, when "packed" (MKL) or "onednn" won
 
 
 # (weight, rows) -> the way measured fastest for that product (measured again after an in-place
@@ -75,8 +75,8 @@ def _candidates(rows: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[
     packed = None
     if weight.dtype == torch.bfloat16:  # F.linear or oneDNN on a packed copy
         if not weight.requires_grad and onednn_available():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-            ways["onednn"] = lambda h, w: torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "")
+            packed = onednn_pack(weight)
+            ways["onednn"] = lambda h, w: onednn_linear(h, packed)
         return ways, packed
     if rows >= MIN_ROWS and not weight.requires_grad and packed_gemm_available():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
@@ -110,7 +110,7 @@ def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         way = _measure(hidden, weight, ways) if len(ways) > 1 else "plain"  # one way: nothing to time
         choice = _CHOICE.put(weight, _Choice(way, packed if way in ("packed", "onednn") else None), (rows,))
     if choice.way == "onednn":
-        return torch.ops.mkldnn._linear_pointwise(hidden, choice.packed, None, "none", [], "")
+        return onednn_linear(hidden, choice.packed)
     if choice.way == "packed":
         return torch.ops.mkl._mkl_linear(hidden, choice.packed, weight, None, rows)
     if choice.way == "stream":

@@ -45,8 +45,8 @@ from kernels import cpu_gemm
 
 from .attention import sharing_copy
 
-__all__ = ["PackedLinear", "packed_gemm_available", "onednn_available", "packed_twin", "packed_row_counts",
-           "stream_row_counts", "onednn_row_counts",
+__all__ = ["PackedLinear", "packed_gemm_available", "onednn_available", "onednn_pack", "onednn_linear",
+           "packed_twin", "packed_row_counts", "stream_row_counts", "onednn_row_counts",
            "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
@@ -73,6 +73,17 @@ def onednn_available() -> bool:
     :func:`linear_ways` then measures)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of a bfloat16 weight ``(N, K)`` (an MKLDNN-layout tensor), made once and
+    used for every row count, so a row's result does not depend on the row count of the call."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (M, K) @ w.T + bias -> (M, N)`` through oneDNN, ``packed = onednn_pack(w)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class PackedLinear(nn.Linear):
@@ -123,15 +134,19 @@ class PackedLinear(nn.Linear):
             self._held = cpu_gemm.HeldWeight(self._onednn_copy())
             self.onednn_slot = self._held.slot
 
-    def _onednn_copy(self) -> torch.Tensor:
-        w = self.weight
-        if w._version != self._version:  # e.g. weights loaded in place after the twin was made
+    def _copies(self) -> dict:
+        """``packed``, emptied first if the weight was updated in place since its copies were made
+        (e.g. weights loaded after the twin was)."""
+        if self.weight._version != self._version:
             self.packed.clear()
-            self._version = w._version
-        p = self.packed.get("onednn")
-        if p is None:
-            p = self.packed["onednn"] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)  # MKLDNN layout
-        return p
+            self._version = self.weight._version
+        return self.packed
+
+    def _onednn_copy(self) -> torch.Tensor:
+        copies = self._copies()
+        if "onednn" not in copies:
+            copies["onednn"] = onednn_pack(self.weight)
+        return copies["onednn"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -146,18 +161,15 @@ class PackedLinear(nn.Linear):
                 if self.onednn_slot is None:  # no held copy: a graph cannot make one
                     return F.linear(x, w, self.bias)
                 return cpu_gemm.held_op(x, self.onednn_slot, self.out_features, self.bias)
-            out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), self._onednn_copy(), self.bias,
-                                                     "none", [], "")  # (rows, N)
+            out = onednn_linear(x.reshape(rows, -1), self._onednn_copy(), self.bias)  # (rows, N)
             return out.view(*x.shape[:-1], self.out_features)
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
             return F.linear(x, w, self.bias)
-        if w._version != self._version:  # e.g. weights loaded in place after the twin was made
-            self.packed.clear()
-            self._version = w._version
-        p = self.packed.get(rows)
+        copies = self._copies()
+        p = copies.get(rows)
         if p is None:
-            p = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+            p = copies[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
         out = torch.ops.mkl._mkl_linear(x.reshape(rows, -1), p, w, self.bias, rows)  # (rows, N)
         return out.view(*x.shape[:-1], w.shape[0])
 
@@ -326,11 +338,11 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
                 fns["stream"] = stream_fn
             if onednn:
                 if onednn_copies is None:
-                    onednn_copies = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1) for m in sample]
+                    onednn_copies = [onednn_pack(m.weight) for m in sample]
 
                 def onednn_fn():
                     for m, p in zip(sample, onednn_copies):
-                        torch.ops.mkldnn._linear_pointwise(xs[m.in_features], p, m.bias, "none", [], "")
+                        onednn_linear(xs[m.in_features], p, m.bias)
 
                 fns["onednn"] = onednn_fn
             with torch.no_grad():
