@@ -11,7 +11,10 @@ setup(
         # torch itself is installed by `make setup` from the local CPU wheel (torch==2.13.0);
         # a bare range here never pulls a newer (CUDA) build when 2.13.0 is present.
         "torch>=2.5",
-        "transformers>=5.20,<6",
+        # <5.25: transformers 5.25 requires Hugging Face's `kernels` distribution, whose import name
+        # is this repository's own top-level `kernels` package; with it installed, transformers
+        # imports ours instead (ImportError: CUDAProperties) and every model load fails
+        "transformers>=5.20,<5.25",
         "triton>=3.2",
         "einops",
         "numpy",
