@@ -5,16 +5,18 @@ setup(
     version="0.1.0",
     description="Lossless speculative decoding with EAGLE-style tree drafting",
     python_requires=">=3.10",
-    packages=find_packages(include=["eagle", "eagle.*", "kernels", "kernels.*"]),
-    package_data={"eagle": ["data/*"], "kernels": ["*.cpp"]},  # the CPU kernel is compiled on first use
+    # kernels/ is imported as `eagle_kernels`: the top-level name `kernels` belongs to Hugging Face's
+    # `kernels` distribution, which transformers imports. kernels/ has no __init__.py (a namespace
+    # package here), so a checkout's kernels/ on sys.path (`python -m pytest` from the root) cannot
+    # shadow that distribution either.
+    packages=find_packages(include=["eagle", "eagle.*"]) + ["eagle_kernels"],
+    package_dir={"eagle_kernels": "kernels"},
+    package_data={"eagle": ["data/*"], "eagle_kernels": ["*.cpp"]},  # the CPU kernel is compiled on first use
     install_requires=[
         # torch itself is installed by `make setup` from the local CPU wheel (torch==2.13.0);
         # a bare range here never pulls a newer (CUDA) build when 2.13.0 is present.
         "torch>=2.5",
-        # <5.25: transformers 5.25 requires Hugging Face's `kernels` distribution, whose import name
-        # is this repository's own top-level `kernels` package; with it installed, transformers
-        # imports ours instead (ImportError: CUDAProperties) and every model load fails
-        "transformers>=5.20,<5.25",
+        "transformers>=5.20",
         "triton>=3.2",
         "einops",
         "numpy",

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_gemm
+from eagle_kernels import cpu_gemm
 
 from .packed import MIN_ROWS, onednn_available, onednn_linear, onednn_pack, packed_gemm_available
 from .weightmemo import WeightMemo

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_gemm
+from eagle_kernels import cpu_gemm
 
 from .attention import sharing_copy
 

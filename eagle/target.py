@@ -63,7 +63,7 @@ def register_tree_attention() -> str:
     if _TREE_IMPL in AttentionInterface._global_mapping:
         return _TREE_IMPL
 
-    from kernels.tree_attention import tree_attention  # also registers torch.ops.eagle.tree_attention
+    from eagle_kernels.tree_attention import tree_attention  # also registers torch.ops.eagle.tree_attention
 
     def eagle_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                              tree_mask=None, tree_prefix=None, **kwargs):

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import eagle
     import eagle.packed as pk
     from eagle.train.tokens import FEATURIZE_TOKENS, STREAM_TOKENS, featurize
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         print(f"error: the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}", file=sys.stderr)

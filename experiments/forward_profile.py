@@ -67,7 +67,7 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
     """Markdown rows of ``--kernel-split`` (see the module docstring)."""
     from eagle.packed import PackedLinear
     from eagle.target import Target
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     ext = cpu_gemm._load()
     if ext is None or target.packed is None:

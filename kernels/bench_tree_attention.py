@@ -196,10 +196,10 @@ def main(argv=None) -> int:
     smoke = args.mode == "smoke"
     if smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is first imported
-    from kernels import tree_attention as ta
+    from eagle_kernels import tree_attention as ta
 
     if smoke and not ta.use_triton("cpu"):
-        print("error: kernels.tree_attention was imported before TRITON_INTERPRET=1 was set (or triton is "
+        print("error: eagle_kernels.tree_attention was imported before TRITON_INTERPRET=1 was set (or triton is "
               "missing); run the smoke mode in a fresh process", file=sys.stderr)
         return 2
     if not smoke and ta._KERNEL_INTERPRETED:

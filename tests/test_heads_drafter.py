@@ -227,7 +227,7 @@ def test_drafting_through_the_small_row_kernel(dtype, monkeypatch):
     first tree; later ones may part at a bf16 tie), and greedy decoding stays lossless."""
     import eagle.packed as pk
     from eagle.packed import PackedLinear
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")

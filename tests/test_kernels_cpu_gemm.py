@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle.weightmemo import WeightMemo
-from kernels import cpu_gemm
+from eagle_kernels import cpu_gemm
 
 needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")
 
@@ -224,7 +224,7 @@ def test_where_the_kernel_cannot_run_it_says_why(case, monkeypatch):
 
 @needs_kernel
 def test_bench_roofline_rows_take_the_larger_bound(capsys):
-    from kernels import bench_cpu_gemm as bench
+    from eagle_kernels import bench_cpu_gemm as bench
 
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]
@@ -244,7 +244,7 @@ def test_bench_against_a_revision(capsys, monkeypatch):
     """`--against REV`: the revision's source is built beside this one (here: stand-ins, no compiler
     run) and both are timed on the same weights; a source with the old `small_linear(x, w, b)` API
     is called on the plain weights; a revision without the file is an error naming it."""
-    from kernels import bench_cpu_gemm as bench
+    from eagle_kernels import bench_cpu_gemm as bench
 
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]

@@ -14,7 +14,7 @@ from eagle.draft.shape import TreeShape
 from eagle.heads import DraftHead
 from eagle.target import Target
 from eagle.tree import Tree
-from kernels.tree_attention import use_triton
+from eagle_kernels.tree_attention import use_triton
 
 from conftest import make_tiny_llama
 

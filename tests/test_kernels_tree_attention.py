@@ -13,8 +13,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import 
 import pytest
 import torch
 
-from kernels import tree_attention as ta
-from kernels.tree_attention import (
+from eagle_kernels import tree_attention as ta
+from eagle_kernels.tree_attention import (
     dense_tree_mask,
     pack_ancestors,
     tree_attention,
@@ -380,7 +380,7 @@ def test_kernel_rejects_float64_but_reference_accepts_it():
 # benchmark smoke mode
 # ------------------------------------------------------------------------------------------------
 def test_bench_smoke_mode_in_process(tmp_path, capsys):
-    from kernels import bench_tree_attention as bench
+    from eagle_kernels import bench_tree_attention as bench
 
     out = tmp_path / "bench.md"
     assert bench.main(["--smoke", "--out", str(out)]) == 0
@@ -400,7 +400,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
-from kernels import tree_attention as ta
+from eagle_kernels import tree_attention as ta
 assert not ta._KERNEL_INTERPRETED
 fn = ta._tree_attn_fwd
 names = list(fn.arg_names)

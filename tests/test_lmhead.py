@@ -10,7 +10,7 @@ import torch
 import eagle.lmhead as lmhead
 from eagle.packed import onednn_available, packed_gemm_available
 from eagle.weightmemo import WeightMemo
-from kernels import cpu_gemm
+from eagle_kernels import cpu_gemm
 
 STREAM = ["stream"] if cpu_gemm.available() else []
 WAYS = ["plain", "transposed"] + (["packed"] if packed_gemm_available() else []) + STREAM

@@ -11,7 +11,7 @@ from torch import nn
 from eagle import Target
 from eagle.packed import (MIN_ROWS, PackedLinear, linear_ways, onednn_available, packed_gemm_available,
                           packed_row_counts, packed_twin, packing_measurements, packing_pays, stream_row_counts)
-from kernels import cpu_gemm
+from eagle_kernels import cpu_gemm
 from eagle.runtime import RuntimeConfig
 
 from conftest import TINY_VOCAB, make_random_tree

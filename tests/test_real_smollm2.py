@@ -126,7 +126,7 @@ def test_greedy_matches_generate_through_the_small_row_kernel(config, smol, prom
     measurement picks it on AVX-512 machines: still exactly ``generate``'s tokens (float32)."""
     import eagle.packed as pk
     from eagle.packed import stream_row_counts
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")

@@ -360,7 +360,7 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch, attention
     compiled once per bucket and reused; greedy decoding through it == plain eager decoding.
     ``triton``: the tree kernel (interpreted) runs inside the compiled graph as the op
     ``torch.ops.eagle.tree_attention``, reading the prefix length from a tensor."""
-    from kernels import tree_attention as ta
+    from eagle_kernels import tree_attention as ta
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     slot_calls = []
@@ -477,7 +477,7 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
     already holds MKL packed copies of another bucket, which the compiled copy must share."""
     import torch._dynamo.convert_frame as cf
 
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     model = tiny_model("llama")

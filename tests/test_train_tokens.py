@@ -185,7 +185,7 @@ def test_featurize_through_the_small_row_kernel(model, monkeypatch):
     STREAM_TOKENS positions and gives the same features (up to fp16 rounding)."""
     import eagle.packed as pk
     import eagle.train.tokens as tk
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")

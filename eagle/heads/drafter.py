@@ -44,7 +44,7 @@ def fastest_dtype(target: Target, head: DraftHead, rows: int, repeats: int = 5) 
     otherwise both are timed on the head's own weights (interleaved, best of ``repeats``: each linear
     through the small-row kernel where it runs, the LM head through ``eagle.lmhead.project``, which
     picks its fastest way), and bfloat16 must win by ``eagle.packed.MARGIN``."""
-    from kernels import cpu_gemm
+    from eagle_kernels import cpu_gemm
 
     from ..lmhead import project
     from ..packed import MARGIN, _timed_pass
