@@ -13,6 +13,7 @@ a cast copy; both leave the given model untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -119,6 +120,27 @@ def _layer_hooks_outside(decoder) -> None:
                     del sub._forward_hooks[key]
 
 
+def _warm_key(regional, size: int, layers, cache, tokens: torch.Tensor, kernel: dict) -> tuple:
+    """What a compiled CPU step's layer inputs depend on beyond tensor values: the compiled copy, the
+    bucket, the layer set, the cache's capacity and precision, the token device, grad mode and the
+    kernel arguments given. A step whose key was run once with every guard evaluated has all the
+    layer graphs it needs compiled and in dynamo's cache (see _guards_of)."""
+    kv = getattr(cache, "keys", None)
+    return (id(regional), size, layers, cache.capacity, None if kv is None else (kv.dtype, kv.device),
+            tokens.device, torch.is_grad_enabled(), tuple(sorted(kernel)))
+
+
+def _guards_of(warm: bool):
+    """Dynamo's guards for one compiled CPU step: all of them (the default) the first time a step
+    of its :func:`_warm_key` runs, which compiles what is missing; after that only the guards that
+    tell dynamo's cached layer graphs apart (``skip_guard_eval_unsafe``). Evaluating every guard of
+    every cached graph before each of the 30 layer calls cost ~3 ms of a ~43 ms float32 step on
+    SmolLM2-135M (docs/results.md, "Guards of compiled layers"). Unsafe only where an input changes
+    in a way no cached graph was compiled for; the warm key covers each such change, so that
+    first call evaluates every guard again."""
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
+
+
 @dataclass
 class TreeOutput:
     logits: torch.Tensor  # (T, V) float32
@@ -185,6 +207,7 @@ class Target:
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
         self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
+        self._warm: set = set()  # _warm_key of the compiled CPU steps already run once with all guards
         # CPU static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and the small-row
         # kernel (kernels/cpu_gemm.py) for float32, of F.linear and oneDNN's GEMM on packed weights
         # for bfloat16, measured once per process (eagle/packed.py). Compiled steps take the kernel
@@ -379,9 +402,13 @@ class Target:
                 # every bucket (and layer set, and cache capacity) adds graphs of the one layer code
                 # (two for the first: one specialized to layer 0): more than dynamo's default limit
                 # of 8, past which it would run the layers eagerly
-                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=_RECOMPILE_LIMIT):
-                    return self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
-                                     **kernel)
+                warm = _warm_key(regional, size, layers, cache, tokens, kernel)
+                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=_RECOMPILE_LIMIT), \
+                        _guards_of(warm in self._warm):
+                    out = self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
+                                    **kernel)
+                self._warm.add(warm)
+                return out
 
         def first_call(*args, **kwargs):
             t0 = time.perf_counter()

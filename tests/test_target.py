@@ -530,3 +530,37 @@ def test_compiled_layers_equal_eager_on_every_architecture(tiny_model, tmp_path,
         _same_step(eager, comp, ce, cc, make_random_tree(7, V, gen), len(prefix))
     assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_warm_compiled_steps_skip_guards_and_stay_equal_to_eager(tiny_model, tmp_path, monkeypatch, arch):
+    """After a compiled CPU step of a warm key (bucket, layer set, cache capacity, ...) has run once
+    with all of dynamo's guards, its later calls evaluate only the guards that tell the cached layer
+    graphs apart. Buckets interleaved, requested layers, a cache grown mid-way (a new key: all guards
+    again) and Gemma-3's sliding-window layers (graphs that differ by a layer attribute) all stay ==
+    eager."""
+    import eagle.target as et
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(et, "_LAYER_BACKEND", "eager")  # dynamo's guards are the subject: no C++ builds
+    stances = []
+    real = et._guards_of
+
+    def recording(warm):
+        stances.append(warm)
+        return real(warm)
+
+    monkeypatch.setattr(et, "_guards_of", recording)
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 4,), generator=gen)
+    eager, comp, ce, cc = _eager_and_compiled(tiny_model(arch), [1, 4, 8], prefix)
+    for i, T in enumerate([1, 4, 8, 3, 1, 7, 2, 8, 1, 4]):
+        layers = (1,) if i % 3 == 2 else None
+        if i == 6:  # more room than the cache had: new shapes, a new key
+            ce.reserve(ce.capacity + 40)
+            cc.reserve(cc.capacity + 40)
+        _same_step(eager, comp, ce, cc, make_random_tree(T, V, gen), len(prefix), layers=layers)
+    # cold: the first call of each (bucket, layers, capacity); warm: every other one
+    assert stances == [False, False, False, True, True, True, False, False, False, True]
