@@ -44,16 +44,21 @@ def test_model_shapes_and_leading_dims():
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
-    equal to one-token products), for M across the tile sizes (1-16 rows of one block with AVX-512,
-    1-6 with AVX2) and the groups of more rows."""
+    equal to one-token products), for M across the tile sizes (1-16 rows of one block or 4-8 rows of
+    two blocks with AVX-512, 1-6 with AVX2) and the groups of more rows."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
     x = torch.randn(37, 577, generator=gen)
     full = cpu_gemm.small_linear(x, w, b)
     for m in range(37):
         assert torch.equal(full[m], cpu_gemm.small_linear(x[m:m + 1], w, b)[0])
-    for rows in (2, 3, 6, 13, 16, 17, 24):
+    for rows in (2, 3, 4, 5, 6, 8, 13, 16, 17, 24):
         assert torch.equal(full[:rows], cpu_gemm.small_linear(x[:rows], w, b))
+    # 4-8 rows take two blocks per tile with AVX-512: 53 outputs = two pairs, the last block partial
+    w2, b2 = w[:53], b[:53]
+    for rows in (4, 7, 8):
+        got = cpu_gemm.small_linear(x[:rows], w2, b2)
+        assert all(torch.equal(got[m], cpu_gemm.small_linear(x[m:m + 1], w2, b2)[0]) for m in range(rows))
 
 
 def _fma32(a: float, b: float, c: float) -> float:
