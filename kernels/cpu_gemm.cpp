@@ -14,8 +14,8 @@
 // Tile: one block x MT rows; step k loads the block's weight line and multiplies it by every row's
 // x[m, k], broadcast. AVX-512 (built with -mavx512f): one zmm accumulator per row, MT <= 16, the
 // broadcast embedded in the FMA (tiles of 2 or 4 blocks, for more accumulators at few rows, measured
-// slower at 1 row, 13.7 against 10.5 ms for SmolLM2's 211 products; 4-8 rows do take two blocks,
-// `tile2`, which halves the broadcasts per FMA: ~5-8% faster on an Intel Xeon with AMX). AVX2 (built with -mavx2 -mfma, for CPUs without AVX-512 such as AMD Zen 3): the line
+// slower at 1 row on the AMD EPYC Zen 4, 13.7 against 10.5 ms for SmolLM2's 211 products, and
+// faster on an Intel Xeon with AMX: `tile_nb`, its width measured per machine). AVX2 (built with -mavx2 -mfma, for CPUs without AVX-512 such as AMD Zen 3): the line
 // is two ymm halves, two accumulators per row and an explicit broadcast, so 16 registers hold at
 // most MT = 6 rows (2 x 6 accumulators + 2 weight halves + 1 broadcast); more rows take several
 // passes over the block, the later ones from L1/L2. Nothing is reduced across lanes: lane j of an
@@ -84,32 +84,44 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
   for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * ldy + n, mask, _mm512_add_ps(acc[i], b));
 }
 
-// Two adjacent blocks (outputs n .. n + 31) x MT rows: each broadcast x[m, k] feeds two FMAs, so a
-// step makes 2 MT FMAs for 2 + MT loads instead of MT for 1 + MT. The first block is full (the
-// second may be the last, partial); the same FMA chain per output as `tile`.
-template <int MT, typename W>
-inline void tile2(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
-                  float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
-  const W* __restrict q = p + K * LANES;  // the next block's stream
-  __m512 a0[MT], a1[MT];
-  for (int i = 0; i < MT; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+// NB adjacent blocks (outputs n .. n + 16 NB - 1) x MT rows: each broadcast x[m, k] feeds NB FMAs
+// and NB weight streams run at once. The blocks but the last are full (the last may be the
+// weight's partial last block); the same FMA chain per output as `tile`. On an Intel Xeon with AMX,
+// SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4), 0.83-0.87x (8) and 0.95-0.97x (16
+// rows, two passes of 8) the time of one-block tiles with three blocks per tile; on the AMD EPYC
+// Zen 4, wider tiles had been slower at 1 row. So the width for calls of up to 16 rows is measured
+// once per machine (cpu_gemm.py, `_choose_tile_blocks`).
+template <int NB, int MT, typename W>
+inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
+                    float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+  __m512 acc[NB][MT];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) acc[j][i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    prefetch_line(p, k);
-    prefetch_line(q, k);
-    const __m512 w0 = load_w(p + k * LANES), w1 = load_w(q + k * LANES);
+    __m512 w[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      prefetch_line(p + j * K * LANES, k);
+      w[j] = load_w(p + j * K * LANES + k * LANES);
+    }
     const float* xk = xt + k * ldx;
+#pragma GCC unroll 16
     for (int i = 0; i < MT; ++i) {
       const __m512 xb = _mm512_set1_ps(xk[i]);
-      a0[i] = _mm512_fmadd_ps(w0, xb, a0[i]);
-      a1[i] = _mm512_fmadd_ps(w1, xb, a1[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
     }
   }
-  const __mmask16 mask = N - n - LANES >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n - LANES)) - 1u);
-  const __m512 b0 = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
-  const __m512 b1 = bias ? _mm512_maskz_loadu_ps(mask, bias + n + LANES) : _mm512_setzero_ps();
-  for (int i = 0; i < MT; ++i) {
-    _mm512_storeu_ps(y + i * ldy + n, _mm512_add_ps(a0[i], b0));
-    _mm512_mask_storeu_ps(y + i * ldy + n + LANES, mask, _mm512_add_ps(a1[i], b1));
+  const int64_t last = n + (NB - 1) * LANES;  // the last block's first output
+  const __mmask16 mask = N - last >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - last)) - 1u);
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    const __mmask16 mj = j == NB - 1 ? mask : (__mmask16)0xFFFF;
+    const __m512 bj = bias ? _mm512_maskz_loadu_ps(mj, bias + n + j * LANES) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * ldy + n + j * LANES, mj, _mm512_add_ps(acc[j][i], bj));
   }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -184,33 +196,29 @@ void rows_tile(int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K
 }
 
 #if defined(__AVX512F__)
-// Calls of PAIR_FROM .. PAIR_MT rows take two blocks per tile (tile2): 2 x 8 accumulators + 2
-// weight lines fit the 32 zmm registers. On the Intel Xeon with AMX, SmolLM2's 211 products of 4
-// and 8 rows took ~0.92x the one-block tiles' time; 16 rows in two passes of 8 took ~1.03x, so
-// more rows keep one block x up to 16 rows (`python kernels/bench_cpu_gemm.py --against REV`).
-#ifndef PAIR_FROM
-#define PAIR_FROM 4
-#endif
-#ifndef PAIR_MT
-#define PAIR_MT 8
-#endif
+constexpr int64_t WIDE_MAX_MT = 8;  // rows per wide tile, at most: 3 x 8 accumulators + 3 weight lines of 32 zmm
 template <typename W>
-void rows_tile2(int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K, float* y, int64_t ldy,
-                int64_t n, int64_t N, const float* bias) {
-  switch (rows) {
-#define CASE(R) case R: tile2<R, W>(xt, ldx, p, K, y, ldy, n, N, bias); break;
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+void rows_tile_wide(int64_t nb, int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K, float* y,
+                    int64_t ldy, int64_t n, int64_t N, const float* bias) {
+  switch (nb * 16 + rows) {
+#define CASE(NB, R) case NB * 16 + R: tile_nb<NB, R, W>(xt, ldx, p, K, y, ldy, n, N, bias); break;
+    CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
+    CASE(3, 1) CASE(3, 2) CASE(3, 3) CASE(3, 4) CASE(3, 5) CASE(3, 6) CASE(3, 7) CASE(3, 8)
 #undef CASE
-    default: TORCH_CHECK(false, "cpu_gemm: tile2 rows out of range");
+    default: TORCH_CHECK(false, "cpu_gemm: wide tile out of range");
   }
 }
-constexpr int64_t PAIR_ROWS_FROM = PAIR_FROM, PAIR_MAX_MT = PAIR_MT;
+constexpr int64_t MAX_TILE_BLOCKS = 3;
 #else
-constexpr int64_t PAIR_ROWS_FROM = 1 << 30, PAIR_MAX_MT = MAX_MT;  // AVX2: no register room for pairs
+constexpr int64_t WIDE_MAX_MT = MAX_MT, MAX_TILE_BLOCKS = 1;  // AVX2: no register room for wide tiles
 template <typename W>
-void rows_tile2(int64_t, const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t, const float*) {}
+void rows_tile_wide(int64_t, int64_t, const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t,
+                    const float*) {}
 #endif
-
+// blocks per tile for calls of at most WIDE_ROWS rows (more rows: one block); set by cpu_gemm.py when
+// the extension loads, to the width a measurement found fastest on this machine
+int64_t tile_blocks_setting = 1;
+constexpr int64_t WIDE_ROWS = 16;
 }  // namespace
 
 at::Tensor pack(const at::Tensor& w) {
@@ -251,8 +259,8 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   // each group's rows transposed into a panel of their own, (K, rows in the group), so that a step
   // reads them from one line (one (K, M) transpose for all rows: 64 rows took 0.86-0.94x as long as
   // with it on the AMD EPYC Zen 3, 16-32 rows 0.9-1.0x; `bench_cpu_gemm.py --against`)
-  const bool pairs = M >= PAIR_ROWS_FROM && M <= PAIR_MAX_MT && blocks > 1;
-  const int64_t max_mt = pairs ? PAIR_MAX_MT : MAX_MT;
+  const int64_t nb = std::min(M <= WIDE_ROWS ? tile_blocks_setting : int64_t{1}, blocks);  // blocks per tile
+  const int64_t max_mt = nb > 1 ? WIDE_MAX_MT : MAX_MT;
   const int64_t groups = (M + max_mt - 1) / max_mt, per = (M + groups - 1) / groups;
   std::vector<float> xt_buf(K * M);  // groups x (K, per), the last group possibly narrower
   auto fill_panels = [&](auto xa) {  // bfloat16 x widened to float32 (exact)
@@ -271,17 +279,16 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   float* yp = y.data_ptr<float>();
   // ~64 KB of float32 weights per task at least: enough work per thread hand-off
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, LANES * K));
-  // work units: one block, or with pairs two adjacent blocks (the last unit may hold one)
-  const int64_t span = pairs ? 2 : 1, units = (blocks + span - 1) / span;
+  // work units of nb adjacent blocks (the last unit may hold fewer)
+  const int64_t units = (blocks + nb - 1) / nb;
   auto run = [&](const auto* pp) {
-    at::parallel_for(0, units, std::max<int64_t>(1, grain / span), [&](int64_t u0, int64_t u1) {
+    at::parallel_for(0, units, std::max<int64_t>(1, grain / nb), [&](int64_t u0, int64_t u1) {
       for (int64_t u = u0; u < u1; ++u) {
-        const int64_t blk = u * span;
-        const bool two = pairs && blk + 1 < blocks;
+        const int64_t blk = u * nb, width = std::min(nb, blocks - blk);
         for (int64_t m = 0; m < M; m += per) {
           const int64_t rows = std::min(per, M - m);
-          if (two)
-            rows_tile2(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
+          if (width > 1)
+            rows_tile_wide(width, rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
           else
             rows_tile(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
         }
@@ -375,5 +382,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hold", &hold, "keep a (packed, opaque) weight in the table of held weights; returns its slot");
   m.def("release", &release, "free a slot of the table of held weights");
   m.def("held_count", &held_count, "how many weights are held");
+  m.def("set_tile_blocks", [](int64_t nb) {
+    TORCH_CHECK(nb >= 1 && nb <= MAX_TILE_BLOCKS, "set_tile_blocks: 1 .. ", MAX_TILE_BLOCKS, " blocks, got ", nb);
+    tile_blocks_setting = nb;
+  }, "blocks of 16 outputs per tile for calls of at most 16 rows (the same results, another speed)");
+  m.def("tile_blocks", []() { return tile_blocks_setting; }, "blocks of 16 outputs per tile (calls of <= 16 rows)");
+  m.attr("MAX_TILE_BLOCKS") = MAX_TILE_BLOCKS;
   m.attr("ISA") = ISA;
 }

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
-__all__ = ["available", "isa", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
+__all__ = ["available", "isa", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
            "packed_op", "HeldWeight", "held_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
@@ -114,11 +114,83 @@ def _load():
             try:
                 _EXT = _build()
                 _register_op(_EXT)
+                _choose_tile_blocks(_EXT)
             except Exception as e:  # no compiler, no headers, ...: the plain GEMM is used instead
                 _REASON = f"could not build kernels/cpu_gemm.cpp: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
         _TRIED = True
     return _EXT
+
+
+_TILE_TIMES: dict[int, float] = {}  # blocks per tile -> ms of the measurement that chose the width
+
+
+def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
+    """Set how many blocks of 16 outputs a tile runs at once in calls of up to 16 rows (1 ..
+    ``ext.MAX_TILE_BLOCKS``; every width gives the same bits): ``EAGLE_CPU_GEMM_TILE_BLOCKS`` if
+    set, else the fastest at 1 and 8 rows over ``mbytes`` of weights (more than the last-level
+    cache, as a decoding step streams them), measured once per machine and build (~1 s) and kept
+    beside the build (``tile_blocks.json``). Wider tiles feed each broadcast of x to more FMAs and
+    keep more weight streams in flight: faster on an Intel Xeon with AMX, slower at 1 row on the AMD
+    EPYC Zen 4 (docs/results.md). One block unless a wider one is at least 3% faster."""
+    import json
+    import time
+
+    top = int(getattr(ext, "MAX_TILE_BLOCKS", 1))
+    forced = os.environ.get("EAGLE_CPU_GEMM_TILE_BLOCKS")
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= top:
+            raise ValueError(f"EAGLE_CPU_GEMM_TILE_BLOCKS must be 1..{top} here, got '{forced}'")
+        ext.set_tile_blocks(int(forced))
+        return int(forced)
+    if top == 1:
+        return 1
+    record = Path(ext.__file__).with_name("tile_blocks.json")
+    machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{torch.get_num_threads()}"
+    try:
+        saved = json.loads(record.read_text())
+        if saved.get("machine") == machine and 1 <= int(saved["chosen"]) <= top:
+            _TILE_TIMES.update({int(k): v for k, v in saved["ms"].items()})
+            ext.set_tile_blocks(int(saved["chosen"]))
+            return int(saved["chosen"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    n, k = 1536, 576
+    with torch.no_grad():
+        # zeros (no denormals), written (no shared zero page); the layout of ext.pack's copies
+        packs = [torch.zeros(n // 16, k, 16) for _ in range(max(1, mbytes * 2 ** 20 // (n * k * 4)))]
+        xs = [torch.randn(r, k, generator=torch.Generator().manual_seed(0)) for r in (1, 8)]
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            for x in xs:
+                for p in packs:
+                    ext.packed_linear(x, p, n, None)
+            return time.perf_counter() - t0
+
+        times: dict[int, list[float]] = {nb: [] for nb in range(1, top + 1)}
+        for r in range(repeats + 1):  # alternating order; the first round warms up
+            for nb in (list(times) if r % 2 else list(times)[::-1]):
+                ext.set_tile_blocks(nb)
+                times[nb].append(once())
+    med = {nb: sorted(t[1:])[len(t[1:]) // 2] * 1e3 for nb, t in times.items()}
+    best = min(med, key=med.get)
+    chosen = best if med[best] < 0.97 * med[1] else 1
+    ext.set_tile_blocks(chosen)
+    _TILE_TIMES.clear()
+    _TILE_TIMES.update(med)
+    try:
+        record.write_text(json.dumps({"machine": machine, "chosen": chosen, "ms": med}))
+    except OSError:
+        pass
+    return chosen
+
+
+def tile_blocks() -> int:
+    """Blocks of 16 outputs per tile the kernel runs here in calls of up to 16 rows (1 where it is
+    unavailable)."""
+    ext = _load()
+    return 1 if ext is None else int(ext.tile_blocks())
 
 
 def available() -> bool:

@@ -44,8 +44,8 @@ def test_model_shapes_and_leading_dims():
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Bitwise: row m of an M-row call == the same row alone (what keeps a padded tree's products
-    equal to one-token products), for M across the tile sizes (1-16 rows of one block or 4-8 rows of
-    two blocks with AVX-512, 1-6 with AVX2) and the groups of more rows."""
+    equal to one-token products), for M across the tile sizes (1-16 rows of one block, or 1-8 rows of
+    the wider tiles, with AVX-512; 1-6 with AVX2) and the groups of more rows."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(131, 577, generator=gen), torch.randn(131, generator=gen)
     x = torch.randn(37, 577, generator=gen)
@@ -54,11 +54,45 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
         assert torch.equal(full[m], cpu_gemm.small_linear(x[m:m + 1], w, b)[0])
     for rows in (2, 3, 4, 5, 6, 8, 13, 16, 17, 24):
         assert torch.equal(full[:rows], cpu_gemm.small_linear(x[:rows], w, b))
-    # 4-8 rows take two blocks per tile with AVX-512: 53 outputs = two pairs, the last block partial
-    w2, b2 = w[:53], b[:53]
-    for rows in (4, 7, 8):
-        got = cpu_gemm.small_linear(x[:rows], w2, b2)
-        assert all(torch.equal(got[m], cpu_gemm.small_linear(x[m:m + 1], w2, b2)[0]) for m in range(rows))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_tile_width_gives_the_same_bits(dtype):
+    """Bitwise: tiles of 1, 2 or 3 blocks of 16 outputs (the width is measured per machine when the
+    extension loads) give the same outputs, for widths that do not divide the blocks, a partial last
+    block, rows past a wide tile's 8 (passes of x panels) and past 16 (one block)."""
+    ext = cpu_gemm._load()
+    before = ext.tile_blocks()
+    gen = torch.Generator().manual_seed(4)
+    try:
+        for N, K in ((16, 40), (19, 33), (37, 64), (53, 17), (131, 577)):
+            w, b = torch.randn(N, K, generator=gen).to(dtype), torch.randn(N, generator=gen).to(dtype)
+            x = torch.randn(20, K, generator=gen).to(dtype)
+            for rows in (1, 3, 8, 9, 16, 20):
+                outs = []
+                for nb in range(1, ext.MAX_TILE_BLOCKS + 1):
+                    ext.set_tile_blocks(nb)
+                    outs.append(cpu_gemm.small_linear(x[:rows], w, b))
+                assert all(torch.equal(o, outs[0]) for o in outs[1:]), (N, K, rows)
+    finally:
+        ext.set_tile_blocks(before)
+
+
+@needs_kernel
+def test_the_tile_width_can_be_forced_and_is_checked(monkeypatch):
+    ext = cpu_gemm._load()
+    before = ext.tile_blocks()
+    try:
+        monkeypatch.setenv("EAGLE_CPU_GEMM_TILE_BLOCKS", "1")
+        assert cpu_gemm._choose_tile_blocks(ext) == 1 and ext.tile_blocks() == 1 == cpu_gemm.tile_blocks()
+        monkeypatch.setenv("EAGLE_CPU_GEMM_TILE_BLOCKS", str(ext.MAX_TILE_BLOCKS + 1))
+        with pytest.raises(ValueError, match="EAGLE_CPU_GEMM_TILE_BLOCKS must be 1"):
+            cpu_gemm._choose_tile_blocks(ext)
+        with pytest.raises(RuntimeError, match="set_tile_blocks"):
+            ext.set_tile_blocks(0)
+    finally:
+        ext.set_tile_blocks(before)
 
 
 def _fma32(a: float, b: float, c: float) -> float:
