@@ -87,10 +87,11 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 // NB adjacent blocks (outputs n .. n + 16 NB - 1) x MT rows: each broadcast x[m, k] feeds NB FMAs
 // and NB weight streams run at once. The blocks but the last are full (the last may be the
 // weight's partial last block); the same FMA chain per output as `tile`. On an Intel Xeon with AMX,
-// SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4), 0.83-0.87x (8) and 0.95-0.97x (16
-// rows, two passes of 8) the time of one-block tiles with three blocks per tile; on the AMD EPYC
-// Zen 4, wider tiles had been slower at 1 row. So the width for calls of up to 16 rows is measured
-// once per machine (cpu_gemm.py, `_choose_tile_blocks`).
+// SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4) and 0.83-0.87x (8 rows) the time
+// of one-block tiles with three blocks per tile (16 rows in two passes of 8: 0.95-0.97x alone, but
+// 1.05-1.07x in compiled steps, so 9+ rows keep one block); on the AMD EPYC Zen 4, wider tiles had
+// been slower at 1 row. So the width for calls of up to 8 rows is measured once per machine
+// (cpu_gemm.py, `_choose_tile_blocks`).
 template <int NB, int MT, typename W>
 inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                     float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
@@ -215,10 +216,11 @@ template <typename W>
 void rows_tile_wide(int64_t, int64_t, const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t,
                     const float*) {}
 #endif
-// blocks per tile for calls of at most WIDE_ROWS rows (more rows: one block); set by cpu_gemm.py when
+// blocks per tile for calls of at most WIDE_ROWS rows (more rows: one block x up to 16 rows, which
+// measured faster in compiled steps of 16 tokens); set by cpu_gemm.py when
 // the extension loads, to the width a measurement found fastest on this machine
 int64_t tile_blocks_setting = 1;
-constexpr int64_t WIDE_ROWS = 16;
+constexpr int64_t WIDE_ROWS = 8;
 }  // namespace
 
 at::Tensor pack(const at::Tensor& w) {
@@ -385,8 +387,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_tile_blocks", [](int64_t nb) {
     TORCH_CHECK(nb >= 1 && nb <= MAX_TILE_BLOCKS, "set_tile_blocks: 1 .. ", MAX_TILE_BLOCKS, " blocks, got ", nb);
     tile_blocks_setting = nb;
-  }, "blocks of 16 outputs per tile for calls of at most 16 rows (the same results, another speed)");
-  m.def("tile_blocks", []() { return tile_blocks_setting; }, "blocks of 16 outputs per tile (calls of <= 16 rows)");
+  }, "blocks of 16 outputs per tile for calls of at most 8 rows (the same results, another speed)");
+  m.def("tile_blocks", []() { return tile_blocks_setting; }, "blocks of 16 outputs per tile (calls of <= 8 rows)");
   m.attr("MAX_TILE_BLOCKS") = MAX_TILE_BLOCKS;
   m.attr("ISA") = ISA;
 }

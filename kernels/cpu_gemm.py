@@ -126,11 +126,11 @@ _TILE_TIMES: dict[int, float] = {}  # blocks per tile -> ms of the measurement t
 
 
 def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
-    """Set how many blocks of 16 outputs a tile runs at once in calls of up to 16 rows (1 ..
+    """Set how many blocks of 16 outputs a tile runs at once in calls of up to 8 rows (1 ..
     ``ext.MAX_TILE_BLOCKS``; every width gives the same bits): ``EAGLE_CPU_GEMM_TILE_BLOCKS`` if
     set, else the fastest at 1 and 8 rows over ``mbytes`` of weights (more than the last-level
     cache, as a decoding step streams them), measured once per machine and build (~1 s) and kept
-    beside the build (``tile_blocks.json``). Wider tiles feed each broadcast of x to more FMAs and
+    beside the build (``tile_blocks-<threads>t.json``). Wider tiles feed each broadcast of x to more FMAs and
     keep more weight streams in flight: faster on an Intel Xeon with AMX, slower at 1 row on the AMD
     EPYC Zen 4 (docs/results.md). One block unless a wider one is at least 3% faster."""
     import json
@@ -145,8 +145,9 @@ def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
         return int(forced)
     if top == 1:
         return 1
-    record = Path(ext.__file__).with_name("tile_blocks.json")
-    machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{torch.get_num_threads()}"
+    threads = torch.get_num_threads()  # the test workers run single-threaded: a record per thread count
+    record = Path(ext.__file__).with_name(f"tile_blocks-{threads}t.json")
+    machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{threads}"
     try:
         saved = json.loads(record.read_text())
         if saved.get("machine") == machine and 1 <= int(saved["chosen"]) <= top:
@@ -187,7 +188,7 @@ def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
 
 
 def tile_blocks() -> int:
-    """Blocks of 16 outputs per tile the kernel runs here in calls of up to 16 rows (1 where it is
+    """Blocks of 16 outputs per tile the kernel runs here in calls of up to 8 rows (1 where it is
     unavailable)."""
     ext = _load()
     return 1 if ext is None else int(ext.tile_blocks())

@@ -61,7 +61,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
 def test_every_tile_width_gives_the_same_bits(dtype):
     """Bitwise: tiles of 1, 2 or 3 blocks of 16 outputs (the width is measured per machine when the
     extension loads) give the same outputs, for widths that do not divide the blocks, a partial last
-    block, rows past a wide tile's 8 (passes of x panels) and past 16 (one block)."""
+    block, and rows past a wide tile's 8 (one block)."""
     ext = cpu_gemm._load()
     before = ext.tile_blocks()
     gen = torch.Generator().manual_seed(4)
@@ -69,7 +69,7 @@ def test_every_tile_width_gives_the_same_bits(dtype):
         for N, K in ((16, 40), (19, 33), (37, 64), (53, 17), (131, 577)):
             w, b = torch.randn(N, K, generator=gen).to(dtype), torch.randn(N, generator=gen).to(dtype)
             x = torch.randn(20, K, generator=gen).to(dtype)
-            for rows in (1, 3, 8, 9, 16, 20):
+            for rows in (1, 3, 7, 8, 9, 20):
                 outs = []
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1):
                     ext.set_tile_blocks(nb)
