@@ -140,3 +140,25 @@ def test_gqa_fold_ab_runs_on_the_real_target(capsys):
         attention.FOLD_BELOW = fold_below
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |") or r.startswith("| 4 |")]
     assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows)
+
+
+def test_compiled_step_ab_checks_its_arguments():
+    ab = _script("compiled_step_ab")
+    with pytest.raises(SystemExit, match="--products goes with --what tiles"):
+        ab.main(["--what", "guards", "--products"])
+    with pytest.raises(SystemExit, match="--sizes must be positive integers"):
+        ab.main(["--what", "tiles", "--sizes", "1,x"])
+    with pytest.raises(SystemExit, match="--what must be guards, wrapper or tiles"):
+        ab.sides("cache", None, "")
+
+
+def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
+    """The wrapper A/B's premise: a copy of a function with its own code object computes the same
+    and is not the original's code (dynamo keys its graphs on the code object)."""
+    ab = _script("compiled_step_ab")
+
+    def f(x, y=2, *, z=3):
+        return x * y + z
+
+    g = ab._fresh_forward(f)
+    assert g(4) == f(4) == 11 and g(1, y=5, z=0) == 5 and g.__code__ is not f.__code__

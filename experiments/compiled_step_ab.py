@@ -1,0 +1,202 @@
+"""A/B of compiled CPU target steps within one process: each side runs the same tree right after
+the other, in alternating order, so a slow spell of the machine hits both alike (the machines this
+project runs on drift by 2x over an hour; only such pairs are compared).
+
+``--what guards``: warm keys with dynamo's differentiating guards only (as shipped) against every
+guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for that side). One
+Target, the same compiled graphs.
+
+``--what wrapper``: inductor's C++ wrapper around each layer graph (as shipped) against its Python
+wrapper. Two Targets; each binds its own copy of the decoder layer's ``forward`` code, so dynamo
+keeps their graphs apart.
+
+``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
+between calls). One Target; only the buckets whose products take the kernel change.
+
+    python experiments/compiled_step_ab.py --what guards --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what wrapper --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
+
+``--products``: with ``tiles``, SmolLM2's 211 products alone (random weights in its shapes, the
+same packed copies for every width) instead of whole steps.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import statistics
+import time
+import types
+from pathlib import Path
+
+import torch
+
+
+def _cost_curve():
+    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).with_name("cost_curve.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fresh_forward(fn):
+    """A copy of function ``fn`` with its own code object (dynamo caches graphs per code object)."""
+    out = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def sides(what: str, model, dtype: str):
+    """``{side name: (target, before_call)}``: ``before_call()`` puts the process in that side's state."""
+    import eagle
+    import eagle.target as et
+    from eagle.runtime import RuntimeConfig
+
+    runtime = lambda: RuntimeConfig(compile=True, dtype=dtype)  # noqa: E731
+    if what == "guards":
+        t = eagle.Target(model, "reference", runtime())
+        real = et._guards_of
+
+        def set_guards(fn):
+            return lambda: setattr(et, "_guards_of", fn)
+
+        return {"all guards": (t, set_guards(lambda warm: contextlib.nullcontext())),
+                "warm keys (shipped)": (t, set_guards(real))}
+    if what == "wrapper":
+        cls = type(model.get_decoder().layers[0])
+        orig, options = cls.forward, et._LAYER_OPTIONS
+        out = {}
+        try:
+            for name, opts in (("Python wrapper", {}), ("C++ wrapper (shipped)", options)):
+                cls.forward = _fresh_forward(orig)
+                et._LAYER_OPTIONS = opts
+                t = eagle.Target(model, "reference", runtime())
+                for base in {id(t.base): t.base, id(t._packed_base): t._packed_base}.values():
+                    if base is not None:
+                        t._layerwise(base)  # binds the compiled copies' layers to this code now
+                out[name] = (t, lambda: None)
+        finally:
+            cls.forward, et._LAYER_OPTIONS = orig, options
+        return out
+    if what == "tiles":
+        from eagle_kernels import cpu_gemm
+
+        ext = cpu_gemm._load()
+        if ext is None:
+            raise SystemExit(f"the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}")
+        t = eagle.Target(model, "reference", runtime())
+        print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
+        return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
+                for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
+    raise SystemExit(f"--what must be guards, wrapper or tiles, got '{what}'")
+
+
+def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
+    import eagle
+
+    cc = _cost_curve()
+    named = sides(what, model, dtype)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (prefix,), generator=gen)
+    caches = {}
+    for name, (t, _) in named.items():
+        if id(t) not in caches:
+            caches[id(t)] = t.new_cache(prefix + max(sizes))
+            t.prefill(ids, caches[id(t)])
+    times = {(n, s): [] for n in named for s in sizes}
+    order = list(named)
+    with torch.no_grad():
+        for r in range(rounds + 2):  # two warm-up rounds (the first compiles)
+            for s in sizes:
+                tree = cc.random_tree(s, vocab, gen)
+                for n in (order if r % 2 else order[::-1]):
+                    t, before = named[n]
+                    before()
+                    t0 = time.perf_counter()
+                    t.tree_forward(tree, caches[id(t)])
+                    dt = time.perf_counter() - t0
+                    eagle.Target.crop(caches[id(t)], prefix)
+                    if r >= 2:
+                        times[(n, s)].append(1000 * dt)
+    named[order[-1]][1]()  # leave the shipped state
+    base = order[0]
+    lines = ["| tree tokens | " + " | ".join(f"{n}, ms" for n in order) + " |", "|---:|" + "---:|" * len(order)]
+    for s in sizes:
+        med = {n: statistics.median(times[(n, s)]) for n in order}
+        lines.append(f"| {s} | " + " | ".join(
+            f"{med[n]:.1f}" + ("" if n == base else f" ({med[n] / med[base]:.2f}x)") for n in order) + " |")
+    return lines
+
+
+def product_rows(sizes, rounds) -> list[str]:
+    """The kernel's tile widths on a step's 211 products alone (kernels/bench_cpu_gemm.py's shapes)."""
+    import sys
+
+    from eagle_kernels import cpu_gemm
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kernels"))
+    import bench_cpu_gemm
+
+    ext = cpu_gemm._load()
+    if ext is None:
+        raise SystemExit(f"the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}")
+    chosen = ext.tile_blocks()
+    gen = torch.Generator().manual_seed(0)
+    packs = [(ext.pack(torch.randn(n, k, generator=gen) * 0.02), n) for n, k in bench_cpu_gemm.SHAPES]
+    widths = list(range(1, ext.MAX_TILE_BLOCKS + 1))
+    lines = ["| rows | " + " | ".join(f"{nb} block{'s' if nb > 1 else ''}, ms" for nb in widths) + " |",
+             "|---:|" + "---:|" * len(widths)]
+    with torch.no_grad():
+        for r in sizes:
+            xs = {k: torch.randn(r, k, generator=gen) for k in {p.shape[1] for p, _ in packs}}
+            t = {nb: [] for nb in widths}
+            for rnd in range(rounds + 1):
+                for nb in (widths if rnd % 2 else widths[::-1]):
+                    ext.set_tile_blocks(nb)
+                    t0 = time.perf_counter()
+                    for p, n in packs:
+                        ext.packed_linear(xs[p.shape[1]], p, n, None)
+                    if rnd:
+                        t[nb].append(1000 * (time.perf_counter() - t0))
+            med = {nb: statistics.median(v) for nb, v in t.items()}
+            lines.append(f"| {r} | " + " | ".join(
+                f"{med[nb]:.1f}" + ("" if nb == 1 else f" ({med[nb] / med[1]:.2f}x)") for nb in widths) + " |")
+    ext.set_tile_blocks(chosen)
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", required=True, choices=["guards", "wrapper", "tiles"])
+    ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--prefix", type=int, default=300)
+    ap.add_argument("--dtype", default="", choices=["", "float32", "bfloat16"], help="the target's precision")
+    ap.add_argument("--products", action="store_true", help="with --what tiles: the products alone")
+    ap.add_argument("--target", default="smollm2-135m")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        if not sizes or min(sizes) < 1:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--sizes must be positive integers separated by commas, got '{args.sizes}'")
+    if args.products:
+        if args.what != "tiles":
+            raise SystemExit("--products goes with --what tiles")
+        lines = product_rows(sizes, args.rounds)
+    else:
+        import eagle
+
+        model, _ = eagle.load_target(args.target)
+        lines = step_rows(args.what, model, args.dtype, sizes, args.rounds, args.prefix)
+    print(f"# {args.what}, {torch.get_num_threads()} threads, median of {args.rounds}, sides alternating")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
