@@ -125,14 +125,14 @@ def _layer_hooks_outside(decoder) -> None:
                     del sub._forward_hooks[key]
 
 
-def _warm_key(regional, size: int, layers, cache, tokens: torch.Tensor, kernel: dict) -> tuple:
-    """What a compiled CPU step's layer inputs depend on beyond tensor values: the compiled copy, the
-    bucket, the layer set, the cache's capacity and precision, the token device, grad mode and the
-    kernel arguments given. A step whose key was run once with every guard evaluated has all the
-    layer graphs it needs compiled and in dynamo's cache (see _guards_of)."""
+def _warm_key(cache, tokens: torch.Tensor, kernel: dict) -> tuple:
+    """What one compiled CPU step's (one bucket's and layer set's) layer inputs depend on beyond
+    tensor values: the cache's capacity and precision, the token device, grad mode and the kernel
+    arguments given. A step whose key was run once with every guard evaluated has all the layer
+    graphs it needs compiled and in dynamo's cache (see _guards_of)."""
     kv = getattr(cache, "keys", None)
-    return (id(regional), size, layers, cache.capacity, None if kv is None else (kv.dtype, kv.device),
-            tokens.device, torch.is_grad_enabled(), tuple(sorted(kernel)))
+    return (cache.capacity, None if kv is None else (kv.dtype, kv.device), tokens.device,
+            torch.is_grad_enabled(), tuple(sorted(kernel)))
 
 
 def _guards_of(warm: bool):
@@ -212,7 +212,6 @@ class Target:
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
         self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
-        self._warm: set = set()  # _warm_key of the compiled CPU steps already run once with all guards
         # CPU static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and the small-row
         # kernel (kernels/cpu_gemm.py) for float32, of F.linear and oneDNN's GEMM on packed weights
         # for bfloat16, measured once per process (eagle/packed.py). Compiled steps take the kernel
@@ -402,17 +401,18 @@ class Target:
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:  # CPU: each decoder layer compiled, one graph serving all of them (see _layerwise)
             regional = self._layerwise(self.base if base is None else base)
+            warmed: set = set()  # _warm_key of this step's calls already run once with all guards
 
             def compiled(tokens, positions, masks, slots, cache, **kernel):
                 # every bucket (and layer set, and cache capacity) adds graphs of the one layer code
                 # (two for the first: one specialized to layer 0): more than dynamo's default limit
                 # of 8, past which it would run the layers eagerly
-                warm = _warm_key(regional, size, layers, cache, tokens, kernel)
+                warm = _warm_key(cache, tokens, kernel)
                 with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=_RECOMPILE_LIMIT), \
-                        _guards_of(warm in self._warm):
+                        _guards_of(warm in warmed):
                     out = self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
                                     **kernel)
-                self._warm.add(warm)
+                warmed.add(warm)
                 return out
 
         def first_call(*args, **kwargs):

@@ -73,7 +73,7 @@ def sides(what: str, model, dtype: str):
                 cls.forward = _fresh_forward(orig)
                 et._LAYER_OPTIONS = opts
                 t = eagle.Target(model, "reference", runtime())
-                for base in {id(t.base): t.base, id(t._packed_base): t._packed_base}.values():
+                for base in (t.base, t._packed_base):  # _layerwise keeps one copy per decoder
                     if base is not None:
                         t._layerwise(base)  # binds the compiled copies' layers to this code now
                 out[name] = (t, lambda: None)

@@ -114,15 +114,13 @@ def _load():
             try:
                 _EXT = _build()
                 _register_op(_EXT)
-                _choose_tile_blocks(_EXT)
             except Exception as e:  # no compiler, no headers, ...: the plain GEMM is used instead
                 _REASON = f"could not build kernels/cpu_gemm.cpp: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
+            if _EXT is not None:  # outside the build's except: a bad EAGLE_CPU_GEMM_TILE_BLOCKS is its own error
+                _choose_tile_blocks(_EXT)
         _TRIED = True
     return _EXT
-
-
-_TILE_TIMES: dict[int, float] = {}  # blocks per tile -> ms of the measurement that chose the width
 
 
 def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
@@ -130,11 +128,14 @@ def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
     ``ext.MAX_TILE_BLOCKS``; every width gives the same bits): ``EAGLE_CPU_GEMM_TILE_BLOCKS`` if
     set, else the fastest at 1 and 8 rows over ``mbytes`` of weights (more than the last-level
     cache, as a decoding step streams them), measured once per machine and build (~1 s) and kept
-    beside the build (``tile_blocks-<threads>t.json``). Wider tiles feed each broadcast of x to more FMAs and
-    keep more weight streams in flight: faster on an Intel Xeon with AMX, slower at 1 row on the AMD
-    EPYC Zen 4 (docs/results.md). One block unless a wider one is at least 3% faster."""
+    beside the build (``tile_blocks-<threads>t.json``, with the times). Wider tiles feed each
+    broadcast of x to more FMAs and keep more weight streams in flight: faster on an Intel Xeon with
+    AMX, slower at 1 row on the AMD EPYC Zen 4 (docs/results.md). Timed as the other start-up
+    choices (``eagle.packed``: interleaved, best of ``repeats``); one block unless a wider one is
+    faster by ``eagle.packed.MARGIN``."""
     import json
-    import time
+
+    from eagle.packed import MARGIN, _timed_pass
 
     top = int(getattr(ext, "MAX_TILE_BLOCKS", 1))
     forced = os.environ.get("EAGLE_CPU_GEMM_TILE_BLOCKS")
@@ -151,37 +152,31 @@ def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
     try:
         saved = json.loads(record.read_text())
         if saved.get("machine") == machine and 1 <= int(saved["chosen"]) <= top:
-            _TILE_TIMES.update({int(k): v for k, v in saved["ms"].items()})
             ext.set_tile_blocks(int(saved["chosen"]))
             return int(saved["chosen"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     n, k = 1536, 576
+    widths = list(range(1, top + 1))
     with torch.no_grad():
         # zeros (no denormals), written (no shared zero page); the layout of ext.pack's copies
         packs = [torch.zeros(n // 16, k, 16) for _ in range(max(1, mbytes * 2 ** 20 // (n * k * 4)))]
         xs = [torch.randn(r, k, generator=torch.Generator().manual_seed(0)) for r in (1, 8)]
 
-        def once() -> float:
-            t0 = time.perf_counter()
-            for x in xs:
-                for p in packs:
-                    ext.packed_linear(x, p, n, None)
-            return time.perf_counter() - t0
-
-        times: dict[int, list[float]] = {nb: [] for nb in range(1, top + 1)}
-        for r in range(repeats + 1):  # alternating order; the first round warms up
-            for nb in (list(times) if r % 2 else list(times)[::-1]):
+        def run(nb: int):
+            def fn():
                 ext.set_tile_blocks(nb)
-                times[nb].append(once())
-    med = {nb: sorted(t[1:])[len(t[1:]) // 2] * 1e3 for nb, t in times.items()}
-    best = min(med, key=med.get)
-    chosen = best if med[best] < 0.97 * med[1] else 1
+                for x in xs:
+                    for p in packs:
+                        ext.packed_linear(x, p, n, None)
+            return fn
+
+        ms = dict(zip(widths, (1e3 * t for t in _timed_pass([run(nb) for nb in widths], repeats))))
+    best = min(ms, key=ms.get)
+    chosen = best if ms[best] < (1 - MARGIN) * ms[1] else 1
     ext.set_tile_blocks(chosen)
-    _TILE_TIMES.clear()
-    _TILE_TIMES.update(med)
     try:
-        record.write_text(json.dumps({"machine": machine, "chosen": chosen, "ms": med}))
+        record.write_text(json.dumps({"machine": machine, "chosen": chosen, "ms": ms}))
     except OSError:
         pass
     return chosen
