@@ -4,8 +4,8 @@ All layers' keys live in one ``(L, B, H_kv, capacity, D)`` buffer and their valu
 allocated on the first write (when heads, head size, dtype and device are known) and reused for
 the rest of the generation (the decoder makes one cache per ``generate`` call); each layer's
 ``(B, H_kv, capacity, D)`` buffers are views of them. One buffer, not one per layer, so that a
-layer finds its entries by indexing a tensor with its ``layer_idx``: a compiled decoder layer
-then serves every layer with one graph (``layer_idx`` a symbolic integer), where indexing a
+layer finds its entries by indexing a tensor with its ``layer_idx``: a compiled step
+then runs every layer as one compiled region (``layer_idx`` a symbolic integer), where indexing a
 Python list would specialize the graph to each layer. A forward writes its T new entries at the slots it names
 (``cache_slots``, a ``(T,)`` tensor passed through the model's forward kwargs, which transformers
 hands on to ``Cache.update``); nothing on the model changes. The attention then reads either
@@ -25,7 +25,35 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["SlotCache", "SlotLayer"]
+__all__ = ["SlotCache", "SlotLayer", "SlotWriter", "write_slots"]
+
+
+def write_slots(keys: torch.Tensor, values: torch.Tensor, layer_idx, key_states: torch.Tensor,
+                value_states: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write layer ``layer_idx``'s new ``key_states / value_states (B, H_kv, T, D)`` at ``slots (T,)``
+    of the stacked ``(L, B, H_kv, C, D)`` buffers, in place: one scatter each (how compiled steps
+    write; ``layer_idx`` may be symbolic). ``index_copy_`` on the layer's view made inductor copy
+    the layer's whole buffer out and back, per layer."""
+    layer = slots.new_full(slots.shape, layer_idx)  # (T,)
+    keys[layer, :, :, slots] = key_states.permute(2, 0, 1, 3)  # the indexed part: (T, B, H_kv, D)
+    values[layer, :, :, slots] = value_states.permute(2, 0, 1, 3)
+
+
+class SlotWriter:
+    """One layer's access to a :class:`SlotCache`'s stacked buffers inside a compiled step, as the
+    decoder layer's ``cache`` argument: ``update`` writes its entries with :func:`write_slots` and
+    returns the layer's whole buffers. What a compiled layer region takes instead of the cache
+    object itself (eagle/target.py, ``_regions``): tensors and the layer index only."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, layer_idx):
+        self.keys, self.values, self.layer_idx = keys, values, layer_idx  # (L, B, H_kv, C, D) x2
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx=None, *args, kwargs=None,
+               **_) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`SlotCache.update` in a compiled step (whole buffers); the layer index is the
+        writer's own (the argument, the module's constant, is ignored)."""
+        write_slots(self.keys, self.values, self.layer_idx, key_states, value_states, kwargs["cache_slots"])
+        return self.keys[self.layer_idx], self.values[self.layer_idx]  # (B, H_kv, C, D) each
 
 
 class SlotLayer(CacheLayerMixin):
@@ -94,7 +122,7 @@ class SlotCache(Cache):
             B, H, _, D = key_states.shape
             L, C = len(self.layers), self.capacity
             self._bind(key_states.new_zeros(L, B, H, C, D), value_states.new_zeros(L, B, H, C, value_states.shape[-1]))
-        if torch.compiler.is_compiling():  # a tensor index: layer_idx may be symbolic (one graph for all layers)
+        if torch.compiler.is_compiling():  # a tensor index: layer_idx may be symbolic
             keys, values = self.keys[layer_idx], self.values[layer_idx]
         else:  # eager: the views, no indexing op
             layer = self.layers[layer_idx]
@@ -104,11 +132,7 @@ class SlotCache(Cache):
                              f"hold {tuple(keys.shape)}: every layer must have the same KV heads and head size")
         slots = kwargs["cache_slots"]
         if torch.compiler.is_compiling():
-            # one scatter into the stacked buffers (a graph input), written in place: index_copy_ on
-            # the layer's view made inductor copy the layer's whole buffer out and back, per layer
-            layer = slots.new_full(slots.shape, layer_idx)  # (T,)
-            self.keys[layer, :, :, slots] = key_states.permute(2, 0, 1, 3)  # the indexed part: (T, B, H_kv, D)
-            self.values[layer, :, :, slots] = value_states.permute(2, 0, 1, 3)
+            write_slots(self.keys, self.values, layer_idx, key_states, value_states, slots)
         else:
             keys.index_copy_(2, slots, key_states)
             values.index_copy_(2, slots, value_states)

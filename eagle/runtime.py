@@ -6,16 +6,17 @@ The ``runtime:`` section of a decoding config::
       cache: static        # static: preallocated KV written by slot | dynamic: transformers' DynamicCache
       buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes)
       dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
-      compile: false       # compile each bucket's step (CPU: each decoder layer, one graph for all; GPU: CUDA graphs)
+      compile: false       # compile each bucket's step (CPU: one graph, each decoder layer one compiled region; GPU: CUDA graphs)
       packed_linear: true  # CPU: per bucket the fastest GEMM: F.linear, MKL's packed GEMM or the small-row kernel
                            # (float32); F.linear, oneDNN on packed copies or the kernel's bf16 form (bfloat16)
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
-(docs/results.md, "The fast target path", "Compiled decoder layers"). Compiling the whole step cost
-55-80 s per bucket there; compiled steps now compile each decoder layer once for all layers
-(``Target._layerwise``): ~9-14 s per bucket, and a step costs 0.82-0.91x the eager one on the AMD
-EPYC Zen 3. Still off by default (tests and short runs would pay the compile); the shipped CPU config
-``eagle2-cpu.yaml`` turns it on. The packed GEMM made the layer products of 4-32-row steps 2.1-3.1x
+(docs/results.md, "The fast target path", "Compiled decoder layers", "One graph per step").
+Compiling the whole step layer by layer cost 55-80 s per bucket there; a compiled CPU step is now
+one graph whose decoder layers are one compiled region (eagle/regions.py): ~11-20 s per bucket,
+and a step costs 0.84-0.89x what compiling each layer on its own did on the Intel Xeon with AMX
+(which cost 0.82-0.91x the eager step on the AMD EPYC Zen 3). Still off by default (tests and short
+runs would pay the compile); the shipped CPU config ``eagle2-cpu.yaml`` turns it on. The packed GEMM made the layer products of 4-32-row steps 2.1-3.1x
 faster on an Intel Xeon and 6-22% slower on an AMD EPYC, where the small-row kernel
 (kernels/cpu_gemm.py) ran them 2x faster than ``F.linear`` instead; so ``packed_linear: true``
 takes, per bucket, the way a measurement at start-up (``eagle.packed.linear_ways``, ~1 s) finds

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa, sharing_copy
 from .kv import SlotCache
 from .lmhead import project
+from .regions import regional_copy
 from .packed import PackedLinear, linear_ways, onednn_row_counts, packed_row_counts, packed_twin, stream_row_counts
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
@@ -34,13 +35,11 @@ __all__ = ["Target", "pad_tree"]
 
 ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
-_RECOMPILE_LIMIT = 256  # graphs of a compiled decoder layer's code (CPU compiled steps)
-_LAYER_BACKEND = "inductor"  # torch.compile backend of CPU compiled steps (tests of dynamo's side: "eager")
-# inductor's options for them: a C++ wrapper around each layer graph's kernels instead of a Python
-# one (~20 tensor calls, allocations and size checks per layer call, 30 calls per step); compile
-# time unchanged, steps ~0.93-0.97x on the Intel Xeon with AMX (docs/results.md, "Guards of
-# compiled layers")
-_LAYER_OPTIONS = {"cpp_wrapper": True}
+_RECOMPILE_LIMIT = 256  # graphs of the compiled step's code (one per bucket, layer set and cache capacity)
+_STEP_BACKEND = "inductor"  # torch.compile backend of CPU compiled steps (tests of dynamo's side: "eager")
+# the decoder layers' index attribute, traced as a symbolic integer (a graph input) rather than a
+# constant, so that every layer of a compiled step runs one traced and compiled region (_regions)
+_LAYER_INDEX_SOURCES = r".*\.layer_idx$"
 
 
 def pad_tree(tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, size: int):
@@ -101,35 +100,11 @@ def register_tree_attention() -> str:
     return register_attention(_TREE_IMPL, eagle_tree_attention)
 
 
-def _layer_hooks_outside(decoder) -> None:
-    """Leave no transformers output-capturing hook inside a decoder layer of ``decoder`` (a copy
-    of ours): they read a ContextVar, which dynamo cannot trace (a graph break per layer). The hooks
-    are installed now (transformers would add them on the first forward that asks for outputs),
-    and those on a layer's submodules, which record attention weights, never asked for here, are
-    removed; the layers' own hooks (their hidden states, e.g. EAGLE-3's features) stay, and run
-    outside the compiled ``forward``."""
-    try:
-        from transformers.utils.output_capturing import maybe_install_capturing_hooks
-    except ImportError:  # a transformers without output capturing: nothing to move
-        return
-    try:
-        maybe_install_capturing_hooks(decoder)
-    except Exception:  # a model that records nothing
-        return
-    for layer in getattr(decoder, "layers", ()):
-        for sub in layer.modules():
-            if sub is layer:
-                continue
-            for key, hook in list(sub._forward_hooks.items()):
-                if getattr(hook, "__name__", "") == "output_capturing_hook":
-                    del sub._forward_hooks[key]
-
-
 def _warm_key(cache, tokens: torch.Tensor, kernel: dict) -> tuple:
-    """What one compiled CPU step's (one bucket's and layer set's) layer inputs depend on beyond
-    tensor values: the cache's capacity and precision, the token device, grad mode and the kernel
-    arguments given. A step whose key was run once with every guard evaluated has all the layer
-    graphs it needs compiled and in dynamo's cache (see _guards_of)."""
+    """What one compiled CPU step's (one bucket's and layer set's) graph depends on beyond tensor
+    values: the cache's capacity and precision, the token device, grad mode and the kernel
+    arguments given. A step whose key was run once with every guard evaluated has the graph it
+    needs compiled and in dynamo's cache (see _guards_of)."""
     kv = getattr(cache, "keys", None)
     return (cache.capacity, None if kv is None else (kv.dtype, kv.device), tokens.device,
             torch.is_grad_enabled(), tuple(sorted(kernel)))
@@ -138,11 +113,11 @@ def _warm_key(cache, tokens: torch.Tensor, kernel: dict) -> tuple:
 def _guards_of(warm: bool):
     """Dynamo's guards for one compiled CPU step: all of them (the default) the first time a step
     of its :func:`_warm_key` runs, which compiles what is missing; after that only the guards that
-    tell dynamo's cached layer graphs apart (``skip_guard_eval_unsafe``). Evaluating every guard of
-    every cached graph before each of the 30 layer calls cost ~3 ms of a ~43 ms float32 step on
-    SmolLM2-135M (docs/results.md, "Guards of compiled layers"). Unsafe only where an input changes
-    in a way no cached graph was compiled for; the warm key covers each such change, so that
-    first call evaluates every guard again."""
+    tell dynamo's cached step graphs apart (``skip_guard_eval_unsafe``). Evaluating every guard of
+    a whole-step graph (every parameter of 30 layers) cost ~1.3 ms of a ~35 ms float32 step on
+    SmolLM2-135M (docs/results.md, "One graph per step"). Unsafe only where an input changes in a
+    way no cached graph was compiled for; the warm key covers each such change, so that first call
+    evaluates every guard again."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
@@ -211,7 +186,7 @@ class Target:
         # tree kernel as the op torch.ops.eagle.tree_attention, given the prefix length as a tensor
         self.compiled = self.runtime.compile
         self._steps: dict = {}  # bucket -> compiled step function
-        self._regional: dict = {}  # id(decoder) -> its copy with compiled layers (CPU, _layerwise)
+        self._regional: dict = {}  # id(decoder) -> its copy whose layers are compile regions (CPU, _regions)
         # CPU static steps: per bucket, the fastest of F.linear, MKL's packed GEMM and the small-row
         # kernel (kernels/cpu_gemm.py) for float32, of F.linear and oneDNN's GEMM on packed weights
         # for bfloat16, measured once per process (eagle/packed.py). Compiled steps take the kernel
@@ -394,24 +369,25 @@ class Target:
         # the extension's ops inside (the small-row kernel, oneDNN on held copies)
         base = self._packed_base if size in self.stream_rows | self.onednn_rows else None
 
-        def step(tokens, positions, masks, slots, cache, **kernel):  # kernel: tree_mask, tree_prefix
-            return self._run(tokens, positions, cache, masks, layers, base=base, cache_slots=slots, **kernel)
+        def step(tokens, positions, masks, slots, cache, decoder=None, **kernel):  # kernel: tree_mask, tree_prefix
+            return self._run(tokens, positions, cache, masks, layers, base=decoder or base, cache_slots=slots, **kernel)
 
         if self.device.type == "cuda":  # the whole step, as CUDA graphs
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
-        else:  # CPU: each decoder layer compiled, one graph serving all of them (see _layerwise)
-            regional = self._layerwise(self.base if base is None else base)
+        else:  # CPU: the whole step, one graph; each decoder layer one region compiled once (_regions)
+            regional = self._regions(self.base if base is None else base)
+            graph = torch.compile(lambda *args, **kw: step(*args, decoder=regional, **kw), dynamic=False,
+                                  backend=_STEP_BACKEND)
+
             warmed: set = set()  # _warm_key of this step's calls already run once with all guards
 
             def compiled(tokens, positions, masks, slots, cache, **kernel):
-                # every bucket (and layer set, and cache capacity) adds graphs of the one layer code
-                # (two for the first: one specialized to layer 0): more than dynamo's default limit
-                # of 8, past which it would run the layers eagerly
+                # every bucket, layer set and cache capacity adds a graph of the one step code: more
+                # than dynamo's default limit of 8, past which it would run the step eagerly
                 warm = _warm_key(cache, tokens, kernel)
-                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=_RECOMPILE_LIMIT), \
-                        _guards_of(warm in warmed):
-                    out = self._run(tokens, positions, cache, masks, layers, base=regional, cache_slots=slots,
-                                    **kernel)
+                with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT), \
+                        torch.compiler.config.patch(dynamic_sources=_LAYER_INDEX_SOURCES), _guards_of(warm in warmed):
+                    out = graph(tokens, positions, masks, slots, cache, **kernel)
                 warmed.add(warm)
                 return out
 
@@ -433,28 +409,21 @@ class Target:
 
         return first_call
 
-    def _layerwise(self, base):
-        """A parameter-sharing copy of the decoder ``base`` whose decoder layers are compiled (one
-        per ``base``, kept). Why per layer on the CPU: compiling the whole 30-layer step took 55-80 s
-        per bucket on the 2-core machines (dynamo traces every layer), and its graph still paid a
-        Python custom op per product. Here dynamo traces one layer: the layers differ only in their
-        parameters (graph inputs) and ``layer_idx``, which the slot cache uses as a tensor index
-        (eagle/kv.py), so with ``allow_unspec_int_on_nn_module`` it becomes a symbolic integer and
-        one graph serves every layer (plus one first graph specialized to layer 0). The small-row
-        kernel and oneDNN run in it as the extension's C++ dispatcher ops on copies the twin holds."""
+    def _regions(self, base):
+        """A parameter-sharing copy of the decoder ``base`` whose layers run as nested compile
+        regions (eagle/regions.py), kept per ``base``. Why: the whole 30-layer step as one graph
+        took 44-110 s to compile per bucket on the 2-core machines (inductor built every layer),
+        and compiling each layer on its own left ~4 ms per float32 step to dynamo's and
+        transformers' Python between the layers; here the step is one graph (one guard check) and
+        every layer runs one compiled subgraph. The small-row kernel and oneDNN run in it as the
+        extension's C++ dispatcher ops on copies the twin holds."""
         if id(base) not in self._regional:
             # shares parameters and buffers (the kernel's packed copies too), and the twin's MKL
             # packed copies (opaque tensors, which cannot be deep-copied)
-            copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
+            copy_ = regional_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
             for mod in copy_.modules():
                 if isinstance(mod, PackedLinear):
                     mod.hold_copies()
-            _layer_hooks_outside(copy_)
-            for layer in getattr(copy_, "layers", ()):
-                # the forward, not the module call: transformers' output-capturing hook on the layer
-                # (its hidden state) reads a ContextVar, which dynamo cannot trace
-                layer.forward = torch.compile(layer.forward, dynamic=None, backend=_LAYER_BACKEND,
-                                              options=_LAYER_OPTIONS if _LAYER_BACKEND == "inductor" else None)
             self._regional[id(base)] = copy_
         return self._regional[id(base)]
 

@@ -6,15 +6,17 @@ project runs on drift by 2x over an hour; only such pairs are compared).
 guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for that side). One
 Target, the same compiled graphs.
 
-``--what wrapper``: inductor's C++ wrapper around each layer graph (as shipped) against its Python
-wrapper. Two Targets; each binds its own copy of the decoder layer's ``forward`` code, so dynamo
-keeps their graphs apart.
+``--what scope``: one graph per step whose decoder layers are one compiled region (as shipped,
+eagle/regions.py) against each decoder layer compiled on its own (the way until 870c0cb: 30
+compiled calls per step from transformers' Python, each with inductor's C++ wrapper, guards
+skipped once warm). Two Targets; the per-layer side binds its own copy of the layer's ``forward``
+code, so dynamo keeps their graphs apart.
 
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
     python experiments/compiled_step_ab.py --what guards --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what wrapper --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what scope --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
@@ -48,6 +50,47 @@ def _fresh_forward(fn):
     return out
 
 
+def _layerwise_target(model, runtime):
+    """A Target whose compiled CPU steps compile each decoder layer on its own, as eagle/target.py
+    did until 870c0cb: a parameter-sharing copy of the decoder per step whose layers' ``forward``
+    is compiled (one graph for all layers: the layer index a symbolic integer), inductor's C++
+    wrapper, dynamo's guards skipped after each step's first call."""
+    import eagle
+    import eagle.target as et
+    from eagle.attention import sharing_copy
+    from eagle.packed import PackedLinear
+    from eagle.regions import layer_hooks_outside
+
+    t = eagle.Target(model, "reference", runtime)
+    code = _fresh_forward(type(model.get_decoder().layers[0]).forward)  # its own dynamo cache
+
+    def compiled_step(size, layers=None):
+        if (size, layers) not in t._steps:
+            base = t._packed_base if size in t.stream_rows | t.onednn_rows else t.base
+            copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
+            for mod in copy_.modules():
+                if isinstance(mod, PackedLinear):
+                    mod.hold_copies()
+            layer_hooks_outside(copy_)
+            for layer in copy_.layers:
+                layer.forward = torch.compile(types.MethodType(code, layer), dynamic=None,
+                                              options={"cpp_wrapper": True})
+            warm = []
+
+            def step(tokens, positions, masks, slots, cache, **kernel):
+                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=256), \
+                        et._guards_of(bool(warm)):
+                    out = t._run(tokens, positions, cache, masks, layers, base=copy_, cache_slots=slots, **kernel)
+                warm.append(True)
+                return out
+
+            t._steps[(size, layers)] = step
+        return t._steps[(size, layers)]
+
+    t._compiled_step = compiled_step
+    return t
+
+
 def sides(what: str, model, dtype: str):
     """``{side name: (target, before_call)}``: ``before_call()`` puts the process in that side's state."""
     import eagle
@@ -64,22 +107,9 @@ def sides(what: str, model, dtype: str):
 
         return {"all guards": (t, set_guards(lambda warm: contextlib.nullcontext())),
                 "warm keys (shipped)": (t, set_guards(real))}
-    if what == "wrapper":
-        cls = type(model.get_decoder().layers[0])
-        orig, options = cls.forward, et._LAYER_OPTIONS
-        out = {}
-        try:
-            for name, opts in (("Python wrapper", {}), ("C++ wrapper (shipped)", options)):
-                cls.forward = _fresh_forward(orig)
-                et._LAYER_OPTIONS = opts
-                t = eagle.Target(model, "reference", runtime())
-                for base in (t.base, t._packed_base):  # _layerwise keeps one copy per decoder
-                    if base is not None:
-                        t._layerwise(base)  # binds the compiled copies' layers to this code now
-                out[name] = (t, lambda: None)
-        finally:
-            cls.forward, et._LAYER_OPTIONS = orig, options
-        return out
+    if what == "scope":
+        return {"each layer compiled": (_layerwise_target(model, runtime()), lambda: None),
+                "one graph per step (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
@@ -90,7 +120,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, wrapper or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -170,7 +200,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "wrapper", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)

@@ -31,12 +31,13 @@ GEMMA_WINDOW = 8
 MISTRAL_WINDOW = 12
 
 
-def _tiny_config(arch: str, hidden: int = TINY_HIDDEN, vocab: int = TINY_VOCAB):
+def _tiny_config(arch: str, hidden: int = TINY_HIDDEN, vocab: int = TINY_VOCAB, layers: int = 2):
     """The config of every tiny model but :func:`make_tiny_llama`'s: 2 layers, 4 query / 2 KV heads,
-    MLP width 128, no EOS token; ``hidden`` and ``vocab`` vary only in the head-mismatch tests."""
+    MLP width 128, no EOS token; ``hidden`` and ``vocab`` vary only in the head-mismatch tests,
+    ``layers`` in the compiled-region tests (Gemma-3's alternate sliding and full)."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
     if arch == "llama":
@@ -50,7 +51,7 @@ def _tiny_config(arch: str, hidden: int = TINY_HIDDEN, vocab: int = TINY_VOCAB):
         return tf.MistralConfig(sliding_window=MISTRAL_WINDOW, **common)
     if arch == "gemma3":
         return tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW,
-                                   layer_types=["sliding_attention", "full_attention"], **common)
+                                   layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **common)
     # variants beyond the main five
     if arch == "gemma3-softcap":  # final-logit and attention-logit soft-capping
         return tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW,

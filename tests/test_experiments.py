@@ -148,12 +148,12 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, wrapper or tiles"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope or tiles"):
         ab.sides("cache", None, "")
 
 
 def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
-    """The wrapper A/B's premise: a copy of a function with its own code object computes the same
+    """The scope A/B's premise: a copy of a function with its own code object computes the same
     and is not the original's code (dynamo keys its graphs on the code object)."""
     ab = _script("compiled_step_ab")
 

@@ -434,7 +434,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
             raise RuntimeError("no C++ compiler")
         return fail
 
-    monkeypatch.setattr(comp, "_layerwise", broken)
+    monkeypatch.setattr(comp, "_regions", broken)
     with pytest.warns(RuntimeWarning, match="compiling the 8-node step failed .*no C.. compiler.*eagerly"):
         _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))
     _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))  # stays eager, no warning
@@ -470,10 +470,9 @@ def test_compiled_steps_return_the_requested_layers(tiny_model, tmp_path, monkey
 
 
 @pytest.mark.compile
-def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, tmp_path, monkeypatch):
-    """Every bucket may add graphs of the one compiled layer code (per bucket where the small-row
-    kernel's row counts specialize them): with more buckets than dynamo's default recompile limit
-    (8) no layer call hits a limit (past which dynamo runs it eagerly). The model's shared twin
+def test_compiled_steps_keep_compiling_past_dynamos_default_limit(tiny_model, tmp_path, monkeypatch):
+    """Every bucket adds a graph of the one compiled step code: with more buckets than dynamo's
+    default recompile limit (8) no step hits a limit (past which dynamo runs it eagerly). The model's shared twin
     already holds MKL packed copies of another bucket, which the compiled copy must share."""
     import torch._dynamo.convert_frame as cf
 
@@ -499,7 +498,7 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
         return out
 
     monkeypatch.setattr(cf, "exceeds_recompile_limit", recording)
-    monkeypatch.setattr("eagle.target._LAYER_BACKEND", "eager")  # dynamo's side only: no C++ builds
+    monkeypatch.setattr("eagle.target._STEP_BACKEND", "eager")  # dynamo's side only: no C++ builds
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     buckets = list(range(1, 11))
@@ -516,10 +515,10 @@ def test_compiled_layers_keep_compiling_past_dynamos_default_limit(tiny_model, t
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "llama"])
-def test_compiled_layers_equal_eager_on_every_architecture(tiny_model, tmp_path, monkeypatch, arch):
-    """The layer-wise compiled steps (one graph for all layers) on the other architectures: Qwen2/3,
-    Mistral and Gemma-3 (sliding-window layers; a prefix past the windows) == eager, no graph
-    break, at most two graphs (the first specialized to layer 0)."""
+def test_compiled_steps_equal_eager_on_every_architecture(tiny_model, tmp_path, monkeypatch, arch):
+    """Compiled steps (one graph per step, each decoder layer a compiled region) on the other
+    architectures: Qwen2/3, Mistral and Gemma-3 (sliding-window layers; a prefix past the windows)
+    == eager, no graph break, one graph."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -529,7 +528,67 @@ def test_compiled_layers_equal_eager_on_every_architecture(tiny_model, tmp_path,
     for _ in range(2):
         _same_step(eager, comp, ce, cc, make_random_tree(7, V, gen), len(prefix))
     assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_steps_trace_each_layer_structure_once(tmp_path, monkeypatch, arch):
+    """A compiled CPU step is one graph in which every decoder layer is a call of a nested compile
+    region (eagle/regions.py): with 4 layers, one subgraph per layer structure (Gemma-3: sliding and
+    full), each call writing its keys and values at its own layer index; == eager, caches included."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import _tiny_config
+    from eagle.regions import region_key
+
+    cfg = _tiny_config(arch, layers=4)
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().requires_grad_(False)
+    graphs = []
+
+    def recording(gm, example_inputs):  # dynamo's graph, run as it is
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr("eagle.target._STEP_BACKEND", recording)
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 5,), generator=gen)
+    eager, comp, ce, cc = _eager_and_compiled(model, [8], prefix)
+    for _ in range(2):
+        tree = make_random_tree(7, V, gen)
+        a, b = eager.tree_forward(tree, ce), comp.tree_forward(tree, cc)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+        n = len(prefix) + len(tree)
+        torch.testing.assert_close(cc.keys[..., :n, :], ce.keys[..., :n, :], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cc.values[..., :n, :], ce.values[..., :n, :], atol=1e-5, rtol=0)
+        Target.crop(ce, len(prefix))
+        Target.crop(cc, len(prefix))
+    (gm,) = graphs  # one graph for the step
+    calls = [node for node in gm.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+    bodies = {node.args[0].target for node in calls}
+    structures = {region_key(layer) for layer in model.get_decoder().layers}
+    assert len(calls) == 4 and len(bodies) == len(structures) == (2 if arch == "gemma3" else 1)
+
+
+def test_region_keys_tell_layer_structures_apart(tiny_model):
+    """Layers that trace alike share a region key; a sliding and a full Gemma-3 layer, or a
+    parameter of another shape, do not; the layer index does not count."""
+    import copy as copy_
+
+    from eagle.regions import region_key
+
+    llama = tiny_model("llama").get_decoder().layers
+    assert region_key(llama[0]) == region_key(llama[1])
+    other = copy_.deepcopy(llama[1])
+    other.self_attn.layer_idx = 7
+    assert region_key(other) == region_key(llama[0])
+    other.mlp.up_proj = torch.nn.Linear(other.mlp.up_proj.in_features, 96, bias=False)
+    assert region_key(other) != region_key(llama[0])
+    gemma = tiny_model("gemma3").get_decoder().layers  # sliding, then full
+    assert region_key(gemma[0]) != region_key(gemma[1])
 
 
 @pytest.mark.compile
@@ -543,7 +602,7 @@ def test_warm_compiled_steps_skip_guards_and_stay_equal_to_eager(tiny_model, tmp
     import eagle.target as et
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(et, "_LAYER_BACKEND", "eager")  # dynamo's guards are the subject: no C++ builds
+    monkeypatch.setattr(et, "_STEP_BACKEND", "eager")  # dynamo's guards are the subject: no C++ builds
     stances = []
     real = et._guards_of
 
