@@ -37,6 +37,11 @@ ATTENTION_CHOICES = ("auto", "triton", "reference")
 _TREE_IMPL = "eagle_tree"
 _RECOMPILE_LIMIT = 256  # graphs of the compiled step's code (one per bucket, layer set and cache capacity)
 _STEP_BACKEND = "inductor"  # torch.compile backend of CPU compiled steps (tests of dynamo's side: "eager")
+# inductor's options for them: no size, alignment or scalar checks in the graph's Python wrapper
+# (~10 calls per layer region, 30 regions a step; the extension's ops return what their
+# registered shapes say, which the tests compare with eager steps); ~0.97x a step on the Intel
+# Xeon with AMX (docs/results.md, "One graph per step")
+_STEP_OPTIONS = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
 # the decoder layers' index attribute, traced as a symbolic integer (a graph input) rather than a
 # constant, so that every layer of a compiled step runs one traced and compiled region (_regions)
 _LAYER_INDEX_SOURCES = r".*\.layer_idx$"
@@ -377,7 +382,7 @@ class Target:
         else:  # CPU: the whole step, one graph; each decoder layer one region compiled once (_regions)
             regional = self._regions(self.base if base is None else base)
             graph = torch.compile(lambda *args, **kw: step(*args, decoder=regional, **kw), dynamic=False,
-                                  backend=_STEP_BACKEND)
+                                  backend=_STEP_BACKEND, options=_STEP_OPTIONS if _STEP_BACKEND == "inductor" else None)
 
             warmed: set = set()  # _warm_key of this step's calls already run once with all guards
 

@@ -12,11 +12,16 @@ compiled calls per step from transformers' Python, each with inductor's C++ wrap
 skipped once warm). Two Targets; the per-layer side binds its own copy of the layer's ``forward``
 code, so dynamo keeps their graphs apart.
 
+``--what asserts``: inductor's size, alignment and scalar checks left out of the step graph's
+Python wrapper (as shipped, ``eagle.target._STEP_OPTIONS``) against inductor's defaults (a
+backend of its own for that side, so dynamo keeps the two graphs apart). Two Targets.
+
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
     python experiments/compiled_step_ab.py --what guards --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what scope --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
@@ -110,6 +115,17 @@ def sides(what: str, model, dtype: str):
     if what == "scope":
         return {"each layer compiled": (_layerwise_target(model, runtime()), lambda: None),
                 "one graph per step (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+    if what == "asserts":
+        from torch._inductor.compile_fx import compile_fx
+
+        def checked(gm, example_inputs):  # inductor with its default checks
+            return compile_fx(gm, example_inputs)
+
+        def use(backend):
+            return lambda: setattr(et, "_STEP_BACKEND", backend)
+
+        return {"with checks": (eagle.Target(model, "reference", runtime()), use(checked)),
+                "without (shipped)": (eagle.Target(model, "reference", runtime()), use("inductor"))}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
@@ -120,7 +136,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -200,7 +216,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)
