@@ -118,16 +118,26 @@ class PackedLinear(nn.Linear):
         self.register_buffer("kernel_packed", None, persistent=False)
         self.register_buffer("onednn_slot", None, persistent=False)
         self._held = None  # the cpu_gemm.HeldWeight behind onednn_slot
+        self._held_mkl: dict[int, object] = {}  # rows -> the cpu_gemm.HeldWeight of MKL's copy for them
 
     def hold_copies(self) -> None:
         """Keep what a compiled graph needs as buffers, so that it takes them as inputs and calls
         the extension's dispatcher ops directly: the small-row kernel's packed copy of a float32
         weight (``cpu_gemm.packed_op``), or the table slot of oneDNN's packed copy of a bfloat16
         weight (``cpu_gemm.held_op``; the copy itself is an MKLDNN tensor, which a graph cannot
-        take). Made when the graphs are (a later in-place update of the weight is not seen by them);
-        eager calls keep looking the copies up."""
+        take), or, per row count it packs for, the slot of MKL's packed copy of a float32 weight
+        (``cpu_gemm.held_mkl_op``: an opaque tensor too), as buffer ``mkl_slot_<rows>``. Made when
+        the graphs are (a later in-place update of the weight is not seen by them); eager calls
+        keep looking the copies up."""
         if not self.weight.is_cpu or not cpu_gemm.available():
             return
+        if self.weight.dtype == torch.float32 and not self.weight.requires_grad:
+            for rows in sorted(self.row_counts):
+                copies = self._copies()
+                if rows not in copies:
+                    copies[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
+                self._held_mkl[rows] = cpu_gemm.HeldWeight(copies[rows])
+                self.register_buffer(f"mkl_slot_{rows}", self._held_mkl[rows].slot, persistent=False)
         if self.weight.dtype in (torch.float32, torch.bfloat16) and (self.stream_rows or self.stream_upto):
             self.kernel_packed = cpu_gemm.packed_weight(self.weight)
         if self.onednn_rows and self.weight.dtype == torch.bfloat16:
@@ -166,6 +176,11 @@ class PackedLinear(nn.Linear):
         if rows not in self.row_counts or x.dtype != torch.float32 or w.dtype != torch.float32 \
                 or w.device.type != "cpu" or w.requires_grad:
             return F.linear(x, w, self.bias)
+        if torch.compiler.is_compiling():
+            slot = getattr(self, f"mkl_slot_{rows}", None)
+            if slot is None:  # no held copy: a graph cannot make one
+                return F.linear(x, w, self.bias)
+            return cpu_gemm.held_mkl_op(x, slot, w, self.bias)
         copies = self._copies()
         p = copies.get(rows)
         if p is None:

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from eagle_kernels import cpu_gemm
+
 from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa, sharing_copy
 from .kv import SlotCache
 from .lmhead import project
-from .regions import regional_copy
 from .packed import PackedLinear, linear_ways, onednn_row_counts, packed_row_counts, packed_twin, stream_row_counts
+from .regions import regional_copy
 from .runtime import RuntimeConfig
 from .tree import Tree, pack_bits
 
@@ -196,10 +198,11 @@ class Target:
         # kernel (kernels/cpu_gemm.py) for float32, of F.linear and oneDNN's GEMM on packed weights
         # for bfloat16, measured once per process (eagle/packed.py). Compiled steps take the kernel
         # and oneDNN as the extension's C++ dispatcher ops on copies the twin holds (packed_op,
-        # held_op); not MKL's packed copies, which are made on first use, which a graph cannot do
+        # held_op), and MKL's packed copies through the extension's table too (held_mkl_op): without
+        # the extension, compiled steps take F.linear where MKL would (a graph cannot make the copies)
         use_twin = self.static and self.runtime.packed_linear
         ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
-        packed = {r for r, w in ways.items() if w == "packed" and not self.compiled}
+        packed = {r for r, w in ways.items() if w == "packed" and not (self.compiled and not cpu_gemm.available())}
         stream = {r for r, w in ways.items() if w == "stream"}
         onednn = {r for r, w in ways.items() if w == "onednn"}
         self.packed = packed_twin(model, packed, stream, onednn) if packed or stream or onednn else None  # the model's twin
@@ -371,8 +374,8 @@ class Target:
         if (size, layers) in self._steps:
             return self._steps[(size, layers)]
         _inductor_cache_dir()
-        # the extension's ops inside (the small-row kernel, oneDNN on held copies)
-        base = self._packed_base if size in self.stream_rows | self.onednn_rows else None
+        # the extension's ops inside (the small-row kernel, oneDNN or MKL on held copies)
+        base = self._packed_base if size in self.twin_rows else None
 
         def step(tokens, positions, masks, slots, cache, decoder=None, **kernel):  # kernel: tree_mask, tree_prefix
             return self._run(tokens, positions, cache, masks, layers, base=decoder or base, cache_slots=slots, **kernel)

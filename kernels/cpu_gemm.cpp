@@ -366,6 +366,37 @@ at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N
   return stack[0].toTensor().view(out_shape);
 }
 
+at::Tensor held_mkl_linear(const at::Tensor& x_in, const at::Tensor& slot, const at::Tensor& weight,
+                           const c10::optional<at::Tensor>& b) {
+  // x_in (..., K) -> (..., N) = x_in @ weight.T + b through MKL's packed GEMM, on the copy held at
+  // slot[0] (torch.ops.mkl._mkl_reorder_linear_weight(weight, M), packed for M = the rows of x_in)
+  TORCH_CHECK(slot.numel() == 1 && slot.scalar_type() == at::kLong && slot.device().is_cpu(),
+              "held_mkl_linear: slot is a one-element int64 CPU tensor");
+  const int64_t s = slot.data_ptr<int64_t>()[0];
+  at::Tensor w;
+  {
+    std::lock_guard<std::mutex> guard(held_mutex);
+    TORCH_CHECK(s >= 0 && s < static_cast<int64_t>(held_weights.size()) && held_weights[s].defined(),
+                "held_mkl_linear: no weight is held at slot ", s);
+    w = held_weights[s];
+  }
+  const int64_t N = weight.size(0);
+  TORCH_CHECK(x_in.size(-1) == weight.size(1), "held_mkl_linear: x and the weight do not match");
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
+  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
+  torch::jit::Stack stack;
+  stack.reserve(5);
+  stack.emplace_back(x);
+  stack.emplace_back(w);
+  stack.emplace_back(weight);
+  stack.emplace_back(b.has_value() && b->defined() ? c10::IValue(*b) : c10::IValue());
+  stack.emplace_back(x.size(0));  // the row count the copy was packed for
+  op.callBoxed(&stack);
+  std::vector<int64_t> out_shape = x_in.sizes().vec();
+  out_shape.back() = N;
+  return stack[0].toTensor().view(out_shape);
+}
+
 // The same function as a dispatcher op, torch.ops.<extension name>.packed_linear, for compiled graphs:
 // inductor's wrapper calls it through the C++ dispatcher (a Python custom op costs tens of us per
 // call on these CPUs, and a step makes 211). One namespace per build (the extension's name), so two
@@ -376,6 +407,8 @@ EAGLE_GEMM_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.impl("packed_linear", c10::DispatchKey::CPU, TORCH_FN(packed_linear));
   m.def("held_linear(Tensor x, Tensor slot, int N, Tensor? b) -> Tensor");
   m.impl("held_linear", c10::DispatchKey::CPU, TORCH_FN(held_linear));
+  m.def("held_mkl_linear(Tensor x, Tensor slot, Tensor weight, Tensor? b) -> Tensor");
+  m.impl("held_mkl_linear", c10::DispatchKey::CPU, TORCH_FN(held_mkl_linear));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -47,7 +47,7 @@ from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
 __all__ = ["available", "isa", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
-           "packed_op", "HeldWeight", "held_op"]
+           "packed_op", "HeldWeight", "held_op", "held_mkl_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _LOCK = threading.Lock()
@@ -254,19 +254,25 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 _OP = None  # torch.ops.<extension name>.packed_linear: the extension's function as a dispatcher op
 _HELD_OP = None  # torch.ops.<extension name>.held_linear
+_HELD_MKL_OP = None  # torch.ops.<extension name>.held_mkl_linear
 
 
 def _register_op(ext) -> None:
     """Give the build's dispatcher ops (registered by cpu_gemm.cpp) their shape functions, for tracing."""
-    global _OP, _HELD_OP
+    global _OP, _HELD_OP, _HELD_MKL_OP
 
     def fake(x, p, n, b):
         return x.new_empty(*x.shape[:-1], n)
 
+    def fake_mkl(x, slot, weight, b):
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
     for op in ("packed_linear", "held_linear"):
         torch.library.register_fake(f"{ext.__name__}::{op}", fake)
+    torch.library.register_fake(f"{ext.__name__}::held_mkl_linear", fake_mkl)
     _OP = getattr(torch.ops, ext.__name__).packed_linear
     _HELD_OP = getattr(torch.ops, ext.__name__).held_linear
+    _HELD_MKL_OP = getattr(torch.ops, ext.__name__).held_mkl_linear
 
 
 def packed_op(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -307,6 +313,16 @@ class HeldWeight:
         n = ext.hold(packed)
         self.slot = torch.tensor([n], dtype=torch.int64)  # (1,)
         self._finalizer = weakref.finalize(self, ext.release, n)
+
+
+def held_mkl_op(x: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x (..., K) @ weight.T + bias -> (..., N)`` through MKL's packed GEMM on the copy held at
+    ``slot`` (a :class:`HeldWeight` of ``torch.ops.mkl._mkl_reorder_linear_weight(weight, M)``,
+    packed for x's M rows): the extension's dispatcher op ``held_mkl_linear``, for compiled graphs
+    (the same ``mkl::_mkl_linear`` as eager packed buckets, so the same result)."""
+    if _HELD_MKL_OP is None:
+        raise RuntimeError(f"the CPU GEMM extension is not available: {unavailable_reason()}")
+    return _HELD_MKL_OP(x, slot, weight, bias)
 
 
 def held_op(x: torch.Tensor, slot: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:

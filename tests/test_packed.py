@@ -223,18 +223,22 @@ def test_twin_stream_and_packed_rows_do_not_overlap(tiny_model):
 @needs_kernel
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype,way,op,tol", [("float32", "stream", "packed_linear", (1e-4, 0)),
+                                              ("float32", "packed", "held_mkl_linear", (1e-4, 0)),
                                               ("bfloat16", "stream", "packed_linear", (0.1, 0.02)),
                                               ("bfloat16", "onednn", "held_linear", (0.1, 0.02))])
 def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model, tmp_path, monkeypatch):
     """A compiled bucket step on the twin (one graph, each decoder layer a compiled region,
     eagle/regions.py) calls the extension's C++ dispatcher op for every decoder product, with no
-    graph break, and equals the eager plain target. float32: the small-row kernel on
-    its packed copies; bfloat16: oneDNN on packed copies held in the extension's table (up to bf16
+    graph break, and equals the eager plain target. float32: the small-row kernel on its packed
+    copies, or MKL's packed GEMM on copies held in the extension's table (buckets that MKL packs
+    for); bfloat16: oneDNN on packed copies held in the extension's table (up to bf16
     rounding, which the compiled graph's fused elementwise ops do differently; the same tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
     if way == "onednn" and not onednn_available():
         pytest.skip("no oneDNN bfloat16 GEMM in this torch build / on this CPU")
+    if way == "packed" and not packed_gemm_available():
+        pytest.skip("no MKL packed GEMM in this torch build")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, way))
     torch._dynamo.reset()
@@ -242,7 +246,8 @@ def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model,
     model = copy.deepcopy(tiny_model("llama"))
     comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True, dtype=dtype))
     plain = Target(comp.model, "reference", RuntimeConfig(buckets=[8], packed_linear=False))
-    assert (comp.stream_rows if way == "stream" else comp.onednn_rows) == {8} and plain.packed is None
+    assert {"stream": comp.stream_rows, "onednn": comp.onednn_rows, "packed": comp.packed_rows}[way] == {8}
+    assert plain.packed is None
     op_name = f"{cpu_gemm._load().__name__}::{op}"
     gen = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, V, (15,), generator=gen)
@@ -312,6 +317,37 @@ def test_onednn_linear_is_the_product_and_rows_do_not_depend_on_the_call(bias):
     trained = PackedLinear(nn.Linear(64, 96).to(torch.bfloat16), [], onednn_rows=[4])
     trained(x).float().sum().backward()
     assert trained.weight.grad is not None and not trained.packed
+
+
+@needs_mkl
+@needs_kernel
+def test_a_held_mkl_copy_is_mkls_product_and_its_slot_is_freed():
+    """cpu_gemm.held_mkl_op on a HeldWeight of MKL's packed copy (packed for the call's rows) equals
+    mkl::_mkl_linear on that copy bitwise, leading dimensions flattened and restored; a weight
+    that does not match x is an error; the slot goes with the HeldWeight. A float32 PackedLinear
+    holds one slot per row count it packs for (buffers ``mkl_slot_<rows>``)."""
+    import gc
+
+    ext = cpu_gemm._load()
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 40, generator=gen)
+    b = torch.randn(96, generator=gen)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 10)
+    gc.collect()  # earlier tests' compiled targets hold weights until they are collected
+    before = ext.held_count()
+    held = cpu_gemm.HeldWeight(packed)
+    x = torch.randn(2, 5, 40, generator=gen)
+    want = torch.ops.mkl._mkl_linear(x.reshape(10, 40), packed, w, b, 10).view(2, 5, 96)
+    assert torch.equal(cpu_gemm.held_mkl_op(x, held.slot, w, b), want)
+    with pytest.raises(RuntimeError, match="do not match"):
+        cpu_gemm.held_mkl_op(x, held.slot, torch.randn(96, 39), b)
+    del held
+    gc.collect()
+    assert ext.held_count() == before
+    pl = PackedLinear(nn.Linear(40, 96).requires_grad_(False), [4, 16])
+    pl.hold_copies()
+    assert sorted(n for n, _ in pl.named_buffers() if n.startswith("mkl_slot_")) == ["mkl_slot_16", "mkl_slot_4"]
+    assert ext.held_count() == before + 2
 
 
 @needs_onednn
