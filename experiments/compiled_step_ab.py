@@ -16,12 +16,17 @@ code, so dynamo keeps their graphs apart.
 Python wrapper (as shipped, ``eagle.target._STEP_OPTIONS``) against inductor's defaults (a
 backend of its own for that side, so dynamo keeps the two graphs apart). Two Targets.
 
+``--what mkl``: float32 buckets that ``linear_ways`` gives MKL's packed GEMM, run in compiled steps
+on copies the extension holds (as shipped, ``held_mkl_linear``) against ``F.linear`` (what compiled
+steps ran there before). Two Targets; the second's ways are the first's with MKL replaced.
+
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
     python experiments/compiled_step_ab.py --what guards --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what scope --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
@@ -126,6 +131,16 @@ def sides(what: str, model, dtype: str):
 
         return {"with checks": (eagle.Target(model, "reference", runtime()), use(checked)),
                 "without (shipped)": (eagle.Target(model, "reference", runtime()), use("inductor"))}
+    if what == "mkl":
+        real = et.linear_ways
+        try:  # the same measured ways, with F.linear where MKL won
+            et.linear_ways = lambda m, rows: {r: "plain" if w == "packed" else w for r, w in real(m, rows).items()}
+            plain = eagle.Target(model, "reference", runtime())
+        finally:
+            et.linear_ways = real
+        shipped = eagle.Target(model, "reference", runtime())
+        print(f"# buckets on MKL's packed GEMM: {sorted(shipped.packed_rows)}")
+        return {"F.linear": (plain, lambda: None), "MKL, held copies (shipped)": (shipped, lambda: None)}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
@@ -136,7 +151,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope, asserts or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -216,7 +231,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)
