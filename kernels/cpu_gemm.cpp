@@ -337,18 +337,20 @@ int64_t held_count() {
   return std::count_if(held_weights.begin(), held_weights.end(), [](const at::Tensor& t) { return t.defined(); });
 }
 
+at::Tensor held_at(const at::Tensor& slot, const char* op) {
+  // the weight held at slot[0] (a one-element int64 CPU tensor); `op` names the caller in errors
+  TORCH_CHECK(slot.numel() == 1 && slot.scalar_type() == at::kLong && slot.device().is_cpu(),
+              op, ": slot is a one-element int64 CPU tensor");
+  const int64_t s = slot.data_ptr<int64_t>()[0];
+  std::lock_guard<std::mutex> guard(held_mutex);
+  TORCH_CHECK(s >= 0 && s < static_cast<int64_t>(held_weights.size()) && held_weights[s].defined(),
+              op, ": no weight is held at slot ", s);
+  return held_weights[s];
+}
+
 at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N, const c10::optional<at::Tensor>& b) {
   // x_in (..., K) -> (..., N) = x_in @ w.T + b, w the weight held at slot[0]
-  TORCH_CHECK(slot.numel() == 1 && slot.scalar_type() == at::kLong && slot.device().is_cpu(),
-              "held_linear: slot is a one-element int64 CPU tensor");
-  const int64_t s = slot.data_ptr<int64_t>()[0];
-  at::Tensor w;
-  {
-    std::lock_guard<std::mutex> guard(held_mutex);
-    TORCH_CHECK(s >= 0 && s < static_cast<int64_t>(held_weights.size()) && held_weights[s].defined(),
-                "held_linear: no weight is held at slot ", s);
-    w = held_weights[s];
-  }
+  const at::Tensor w = held_at(slot, "held_linear");
   TORCH_CHECK(w.size(0) == N && x_in.size(-1) == w.size(1), "held_linear: shapes do not match the held weight");
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
@@ -370,16 +372,7 @@ at::Tensor held_mkl_linear(const at::Tensor& x_in, const at::Tensor& slot, const
                            const c10::optional<at::Tensor>& b) {
   // x_in (..., K) -> (..., N) = x_in @ weight.T + b through MKL's packed GEMM, on the copy held at
   // slot[0] (torch.ops.mkl._mkl_reorder_linear_weight(weight, M), packed for M = the rows of x_in)
-  TORCH_CHECK(slot.numel() == 1 && slot.scalar_type() == at::kLong && slot.device().is_cpu(),
-              "held_mkl_linear: slot is a one-element int64 CPU tensor");
-  const int64_t s = slot.data_ptr<int64_t>()[0];
-  at::Tensor w;
-  {
-    std::lock_guard<std::mutex> guard(held_mutex);
-    TORCH_CHECK(s >= 0 && s < static_cast<int64_t>(held_weights.size()) && held_weights[s].defined(),
-                "held_mkl_linear: no weight is held at slot ", s);
-    w = held_weights[s];
-  }
+  const at::Tensor w = held_at(slot, "held_mkl_linear");
   const int64_t N = weight.size(0);
   TORCH_CHECK(x_in.size(-1) == weight.size(1), "held_mkl_linear: x and the weight do not match");
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
