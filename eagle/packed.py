@@ -125,24 +125,29 @@ class PackedLinear(nn.Linear):
         the extension's dispatcher ops directly: the small-row kernel's packed copy of a float32
         weight (``cpu_gemm.packed_op``), or the table slot of oneDNN's packed copy of a bfloat16
         weight (``cpu_gemm.held_op``; the copy itself is an MKLDNN tensor, which a graph cannot
-        take), or, per row count it packs for, the slot of MKL's packed copy of a float32 weight
-        (``cpu_gemm.held_mkl_op``: an opaque tensor too), as buffer ``mkl_slot_<rows>``. Made when
-        the graphs are (a later in-place update of the weight is not seen by them); eager calls
-        keep looking the copies up."""
+        take); MKL's copies: :meth:`hold_mkl_copy`, per row count. Made when the graphs are (a later
+        in-place update of the weight is not seen by them); eager calls keep looking the copies up."""
         if not self.weight.is_cpu or not cpu_gemm.available():
             return
-        if self.weight.dtype == torch.float32 and not self.weight.requires_grad:
-            for rows in sorted(self.row_counts):
-                copies = self._copies()
-                if rows not in copies:
-                    copies[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
-                self._held_mkl[rows] = cpu_gemm.HeldWeight(copies[rows])
-                self.register_buffer(f"mkl_slot_{rows}", self._held_mkl[rows].slot, persistent=False)
         if self.weight.dtype in (torch.float32, torch.bfloat16) and (self.stream_rows or self.stream_upto):
             self.kernel_packed = cpu_gemm.packed_weight(self.weight)
         if self.onednn_rows and self.weight.dtype == torch.bfloat16:
             self._held = cpu_gemm.HeldWeight(self._onednn_copy())
             self.onednn_slot = self._held.slot
+
+    def hold_mkl_copy(self, rows: int) -> None:
+        """Keep the slot of MKL's packed copy of this float32 weight for ``rows`` rows (made now if
+        missing; an opaque tensor a graph cannot take) as buffer ``mkl_slot_<rows>``, for compiled
+        graphs' ``cpu_gemm.held_mkl_op``. Only for a row count it packs for, once per row count:
+        each copy is as large as the weight, so only the buckets that compile get one."""
+        if rows not in self.row_counts or rows in self._held_mkl or self.weight.dtype != torch.float32 \
+                or self.weight.requires_grad or not self.weight.is_cpu or not cpu_gemm.available():
+            return
+        copies = self._copies()
+        if rows not in copies:
+            copies[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
+        self._held_mkl[rows] = cpu_gemm.HeldWeight(copies[rows])
+        self.register_buffer(f"mkl_slot_{rows}", self._held_mkl[rows].slot, persistent=False)
 
     def _copies(self) -> dict:
         """``packed``, emptied first if the weight was updated in place since its copies were made

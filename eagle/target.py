@@ -383,7 +383,7 @@ class Target:
         if self.device.type == "cuda":  # the whole step, as CUDA graphs
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:  # CPU: the whole step, one graph; each decoder layer one region compiled once (_regions)
-            regional = self._regions(self.base if base is None else base)
+            regional = self._regions(self.base if base is None else base, size)
             graph = torch.compile(lambda *args, **kw: step(*args, decoder=regional, **kw), dynamic=False,
                                   backend=_STEP_BACKEND, options=_STEP_OPTIONS if _STEP_BACKEND == "inductor" else None)
 
@@ -417,14 +417,16 @@ class Target:
 
         return first_call
 
-    def _regions(self, base):
+    def _regions(self, base, size: int):
         """A parameter-sharing copy of the decoder ``base`` whose layers run as nested compile
         regions (eagle/regions.py), kept per ``base``. Why: the whole 30-layer step as one graph
         took 44-110 s to compile per bucket on the 2-core machines (inductor built every layer),
         and compiling each layer on its own left ~4 ms per float32 step to dynamo's and
         transformers' Python between the layers; here the step is one graph (one guard check) and
         every layer runs one compiled subgraph. The small-row kernel and oneDNN run in it as the
-        extension's C++ dispatcher ops on copies the twin holds."""
+        extension's C++ dispatcher ops on copies the twin holds; MKL's copies for a ``size``-row
+        bucket that takes MKL's packed GEMM are held when that bucket compiles (each is as large as
+        the weights)."""
         if id(base) not in self._regional:
             # shares parameters and buffers (the kernel's packed copies too), and the twin's MKL
             # packed copies (opaque tensors, which cannot be deep-copied)
@@ -433,6 +435,10 @@ class Target:
                 if isinstance(mod, PackedLinear):
                     mod.hold_copies()
             self._regional[id(base)] = copy_
+        if size in self.packed_rows:
+            for mod in self._regional[id(base)].modules():
+                if isinstance(mod, PackedLinear):
+                    mod.hold_mkl_copy(size)
         return self._regional[id(base)]
 
     @staticmethod

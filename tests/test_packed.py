@@ -325,7 +325,7 @@ def test_a_held_mkl_copy_is_mkls_product_and_its_slot_is_freed():
     """cpu_gemm.held_mkl_op on a HeldWeight of MKL's packed copy (packed for the call's rows) equals
     mkl::_mkl_linear on that copy bitwise, leading dimensions flattened and restored; a weight
     that does not match x is an error; the slot goes with the HeldWeight. A float32 PackedLinear
-    holds one slot per row count it packs for (buffers ``mkl_slot_<rows>``)."""
+    holds one slot per row count it is asked for and packs for (buffers ``mkl_slot_<rows>``)."""
     import gc
 
     ext = cpu_gemm._load()
@@ -345,9 +345,10 @@ def test_a_held_mkl_copy_is_mkls_product_and_its_slot_is_freed():
     gc.collect()
     assert ext.held_count() == before
     pl = PackedLinear(nn.Linear(40, 96).requires_grad_(False), [4, 16])
-    pl.hold_copies()
-    assert sorted(n for n, _ in pl.named_buffers() if n.startswith("mkl_slot_")) == ["mkl_slot_16", "mkl_slot_4"]
-    assert ext.held_count() == before + 2
+    for rows in (16, 8, 16):  # 8: not a row count it packs for; 16 again: held already
+        pl.hold_mkl_copy(rows)
+    assert [n for n, _ in pl.named_buffers() if n.startswith("mkl_slot_")] == ["mkl_slot_16"]
+    assert ext.held_count() == before + 1 and list(pl.packed) == [16]
 
 
 @needs_onednn

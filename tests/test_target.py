@@ -429,7 +429,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
     prefix = torch.randint(0, V, (12,), generator=gen)
     eager, comp, ce, cc = _eager_and_compiled(tiny_model("llama"), [8], prefix)
 
-    def broken(base):
+    def broken(base, size):
         def fail(*args, **kwargs):
             raise RuntimeError("no C++ compiler")
         return fail
