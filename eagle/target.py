@@ -202,7 +202,7 @@ class Target:
         # the extension, compiled steps take F.linear where MKL would (a graph cannot make the copies)
         use_twin = self.static and self.runtime.packed_linear
         ways = linear_ways(model, self.runtime.buckets) if use_twin else {}
-        packed = {r for r, w in ways.items() if w == "packed" and not (self.compiled and not cpu_gemm.available())}
+        packed = {r for r, w in ways.items() if w == "packed" and (not self.compiled or cpu_gemm.available())}
         stream = {r for r, w in ways.items() if w == "stream"}
         onednn = {r for r, w in ways.items() if w == "onednn"}
         self.packed = packed_twin(model, packed, stream, onednn) if packed or stream or onednn else None  # the model's twin

@@ -348,24 +348,34 @@ at::Tensor held_at(const at::Tensor& slot, const char* op) {
   return held_weights[s];
 }
 
+at::Tensor call_on_rows(const c10::OperatorHandle& op, const at::Tensor& x_in, const at::Tensor& w, int64_t N,
+                        std::initializer_list<c10::IValue> rest) {
+  // op(x, w, *rest) with x_in (..., K) flattened to rows x (M, K); its (M, N) result with x_in's
+  // leading dimensions restored (..., N)
+  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
+  torch::jit::Stack stack;
+  stack.reserve(2 + rest.size());
+  stack.emplace_back(x);
+  stack.emplace_back(w);
+  for (const auto& v : rest) stack.push_back(v);
+  op.callBoxed(&stack);
+  std::vector<int64_t> out_shape = x_in.sizes().vec();
+  out_shape.back() = N;
+  return stack[0].toTensor().view(out_shape);
+}
+
+c10::IValue optional_tensor(const c10::optional<at::Tensor>& b) {
+  return b.has_value() && b->defined() ? c10::IValue(*b) : c10::IValue();
+}
+
 at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N, const c10::optional<at::Tensor>& b) {
   // x_in (..., K) -> (..., N) = x_in @ w.T + b, w the weight held at slot[0]
   const at::Tensor w = held_at(slot, "held_linear");
   TORCH_CHECK(w.size(0) == N && x_in.size(-1) == w.size(1), "held_linear: shapes do not match the held weight");
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
-  torch::jit::Stack stack;
-  stack.reserve(6);
-  stack.emplace_back(x);
-  stack.emplace_back(w);
-  stack.emplace_back(b.has_value() && b->defined() ? c10::IValue(*b) : c10::IValue());
-  stack.emplace_back(std::string("none"));
-  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(c10::IValue());  // algorithm: none
-  op.callBoxed(&stack);
-  std::vector<int64_t> out_shape = x_in.sizes().vec();
-  out_shape.back() = N;
-  return stack[0].toTensor().view(out_shape);
+  // bias, attr "none", no scalars, algorithm: none
+  return call_on_rows(op, x_in, w, N, {optional_tensor(b), std::string("none"),
+                                       c10::List<std::optional<at::Scalar>>(), c10::IValue()});
 }
 
 at::Tensor held_mkl_linear(const at::Tensor& x_in, const at::Tensor& slot, const at::Tensor& weight,
@@ -373,21 +383,10 @@ at::Tensor held_mkl_linear(const at::Tensor& x_in, const at::Tensor& slot, const
   // x_in (..., K) -> (..., N) = x_in @ weight.T + b through MKL's packed GEMM, on the copy held at
   // slot[0] (torch.ops.mkl._mkl_reorder_linear_weight(weight, M), packed for M = the rows of x_in)
   const at::Tensor w = held_at(slot, "held_mkl_linear");
-  const int64_t N = weight.size(0);
   TORCH_CHECK(x_in.size(-1) == weight.size(1), "held_mkl_linear: x and the weight do not match");
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
-  const auto x = x_in.reshape({-1, x_in.size(-1)});  // (M, K)
-  torch::jit::Stack stack;
-  stack.reserve(5);
-  stack.emplace_back(x);
-  stack.emplace_back(w);
-  stack.emplace_back(weight);
-  stack.emplace_back(b.has_value() && b->defined() ? c10::IValue(*b) : c10::IValue());
-  stack.emplace_back(x.size(0));  // the row count the copy was packed for
-  op.callBoxed(&stack);
-  std::vector<int64_t> out_shape = x_in.sizes().vec();
-  out_shape.back() = N;
-  return stack[0].toTensor().view(out_shape);
+  const int64_t M = x_in.numel() / x_in.size(-1);  // the row count the copy was packed for
+  return call_on_rows(op, x_in, w, weight.size(0), {c10::IValue(weight), optional_tensor(b), c10::IValue(M)});
 }
 
 // The same function as a dispatcher op, torch.ops.<extension name>.packed_linear, for compiled graphs:
