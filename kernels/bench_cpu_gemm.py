@@ -91,6 +91,8 @@ def against(weights, rows, rounds: int, gen, rev: str) -> int:
         src.write_text(text)
         base = cpu_gemm._build(f"-rev-{rev[:12]}", source=src)
     fast = cpu_gemm._load()
+    if hasattr(base, "set_tile_blocks"):  # the width this machine measured, for both (a new build starts at 1)
+        base.set_tile_blocks(min(fast.tile_blocks(), base.MAX_TILE_BLOCKS))
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
     if hasattr(base, "packed_linear"):
         base_packs = [(base.pack(w), w.shape[0]) for w in weights]

@@ -23,7 +23,7 @@
 // So every output y[m, n] is the same chain of FMAs whatever M, the tiling and the ISA are: a
 // row's result does not depend on which other rows share the call (bitwise), and the AVX2 build
 // gives the AVX-512 build's results bit for bit. The weights are prefetched
-// PREFETCH_BYTES (8 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
+// PREFETCH_BYTES (4 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
 // alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
 // Only the headers it uses, not <torch/extension.h>: the build takes ~18 s instead of ~45 s on the
 // 2-core machine (it runs once per machine, on the first `make demo`)
@@ -44,13 +44,16 @@
 namespace {
 
 constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
-constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead in a block's stream (128 steps of float32 lines)
+// How far ahead in a block's stream, and into which cache: 4 KB (64 steps of float32 lines) into L2.
+// On the Intel Xeon with AMX, SmolLM2's 211 products streamed 1.05x (1 row), 1.15x (8 rows of one
+// block) and 1.12x (16 rows) faster than with 8 KB into L1 (the AMD EPYC's choice), in a C++ loop.
+constexpr int64_t PREFETCH_BYTES = 4096;
 
 template <typename W>  // W: float, or uint16_t for bfloat16 weights (half a line per step)
 inline void prefetch_line(const W* p, int64_t k) {
 #ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
   constexpr int64_t steps = PREFETCH_BYTES / (LANES * static_cast<int64_t>(sizeof(W)));
-  _mm_prefetch(reinterpret_cast<const char*>(p + (k + steps) * LANES), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + (k + steps) * LANES), _MM_HINT_T1);
 #endif
 }
 
@@ -88,8 +91,7 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 // and NB weight streams run at once. The blocks but the last are full (the last may be the
 // weight's partial last block); the same FMA chain per output as `tile`. On an Intel Xeon with AMX,
 // SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4) and 0.83-0.87x (8 rows) the time
-// of one-block tiles with three blocks per tile (16 rows in two passes of 8: 0.95-0.97x alone, but
-// 1.05-1.07x in compiled steps, so 9+ rows keep one block); on the AMD EPYC Zen 4, wider tiles had
+// of one-block tiles with three blocks per tile (more rows: `unit_in_turns`); on the AMD EPYC Zen 4, wider tiles had
 // been slower at 1 row. So the width for calls of up to 8 rows is measured once per machine
 // (cpu_gemm.py, `_choose_tile_blocks`).
 template <int NB, int MT, typename W>
@@ -210,15 +212,102 @@ void rows_tile_wide(int64_t nb, int64_t rows, const float* xt, int64_t ldx, cons
   }
 }
 constexpr int64_t MAX_TILE_BLOCKS = 3;
+
+// Calls of more than 8 rows: one unit of NB adjacent blocks serves every row group (of at most 8
+// rows) in turns of CHUNK_K k-steps: group 0 streams the unit's next CHUNK_K weight lines from
+// memory (prefetched), the later groups take the same lines from L1, and each group's NB x MT
+// accumulators wait in a buffer between turns. So the weights are read from memory once at any row
+// count, with 3 x 8 accumulators per turn (24 FMAs per 3 weight loads and 8 broadcasts), where one
+// block x 16 rows made 16 FMAs per 17 loads. Each output is still the same FMA chain over k in
+// order (the buffer holds it between turns), so the results are bitwise those of `tile`.
+constexpr int64_t CHUNK_K = 16;
+
+template <int NB, int MT, typename W>
+inline void tile_turn(const float* __restrict xt, const W* __restrict p, int64_t K, int64_t k0, int64_t k1,
+                      __m512* __restrict acc_io, bool first, bool prefetch) {
+  // xt: the group's panel (K, MT); p: the unit's first block (NB blocks of (K, 16), adjacent);
+  // acc_io: NB x MT accumulators, read unless `first`, written back
+  __m512 acc[NB][MT];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) acc[j][i] = first ? _mm512_setzero_ps() : acc_io[j * MT + i];
+  for (int64_t k = k0; k < k1; ++k) {
+    __m512 w[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      if (prefetch) prefetch_line(p + j * K * LANES, k);
+      w[j] = load_w(p + j * K * LANES + k * LANES);
+    }
+    const float* xk = xt + k * MT;
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) {
+      const __m512 xb = _mm512_set1_ps(xk[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) acc_io[j * MT + i] = acc[j][i];
+}
+
+template <typename W>
+void rows_turn(int64_t nb, int64_t rows, const float* xt, const W* p, int64_t K, int64_t k0, int64_t k1,
+               __m512* acc, bool first, bool prefetch) {
+  switch (nb * 16 + rows) {
+#define CASE(NB, R) case NB * 16 + R: tile_turn<NB, R, W>(xt, p, K, k0, k1, acc, first, prefetch); break;
+    CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
+    CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
+    CASE(3, 1) CASE(3, 2) CASE(3, 3) CASE(3, 4) CASE(3, 5) CASE(3, 6) CASE(3, 7) CASE(3, 8)
+#undef CASE
+    default: TORCH_CHECK(false, "cpu_gemm: turn tile out of range");
+  }
+}
+
+// y rows m .. m + rows - 1, outputs n .. n + 16 nb - 1 (those < N) = acc (nb x rows) + bias
+inline void store_turns(const __m512* acc, int64_t nb, int64_t rows, float* y, int64_t ldy, int64_t n, int64_t N,
+                        const float* bias) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const int64_t first = n + j * LANES;
+    const __mmask16 mj = N - first >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - first)) - 1u);
+    const __m512 bj = bias ? _mm512_maskz_loadu_ps(mj, bias + first) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < rows; ++i) _mm512_mask_storeu_ps(y + i * ldy + first, mj, _mm512_add_ps(acc[j * rows + i], bj));
+  }
+}
+
+template <typename W>
+void unit_in_turns(int64_t nb, int64_t groups, const int64_t* starts, const float* xt, const W* p, int64_t K,
+                   float* y, int64_t ldy, int64_t n, int64_t N, const float* bias, __m512* acc) {
+  // one unit of nb blocks (first output n) x every row group g (rows starts[g] .. starts[g + 1] - 1,
+  // panel xt + starts[g] * K); acc: room for groups x nb x 8 accumulators
+  for (int64_t k0 = 0; k0 < K; k0 += CHUNK_K) {
+    const int64_t k1 = std::min(K, k0 + CHUNK_K);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t rows = starts[g + 1] - starts[g];
+      rows_turn(nb, rows, xt + starts[g] * K, p, K, k0, k1, acc + g * nb * WIDE_MAX_MT, k0 == 0, g == 0);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    store_turns(acc + g * nb * WIDE_MAX_MT, nb, starts[g + 1] - starts[g], y + starts[g] * ldy, ldy, n, N, bias);
+}
+constexpr bool TURNS = true;
+using Acc = __m512;  // an accumulator waiting between turns
 #else
 constexpr int64_t WIDE_MAX_MT = MAX_MT, MAX_TILE_BLOCKS = 1;  // AVX2: no register room for wide tiles
 template <typename W>
 void rows_tile_wide(int64_t, int64_t, const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t,
                     const float*) {}
+constexpr bool TURNS = false;  // AVX2: more rows take passes over one block (see `tile`)
+using Acc = float;  // unused: no turns
+template <typename W>
+void unit_in_turns(int64_t, int64_t, const int64_t*, const float*, const W*, int64_t, float*, int64_t, int64_t, int64_t,
+                   const float*, Acc*) {}
 #endif
-// blocks per tile for calls of at most WIDE_ROWS rows (more rows: one block x up to 16 rows, which
-// measured faster in compiled steps of 16 tokens); set by cpu_gemm.py when
-// the extension loads, to the width a measurement found fastest on this machine
+// blocks per tile for calls of at most WIDE_ROWS rows (more rows: units of MAX_TILE_BLOCKS blocks
+// in turns, `unit_in_turns`); set by cpu_gemm.py when the extension loads, to the width a
+// measurement found fastest on this machine
 int64_t tile_blocks_setting = 1;
 constexpr int64_t WIDE_ROWS = 8;
 }  // namespace
@@ -257,17 +346,25 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   }
   auto y = at::empty({M, N}, x.options().dtype(at::kFloat));  // bfloat16: rounded once, at the end
   if (M == 0) return y.to(x_in.scalar_type()).view(out_shape);
-  // rows in groups of at most MAX_MT, as even as possible (a group re-reads the block from L1/L2);
-  // each group's rows transposed into a panel of their own, (K, rows in the group), so that a step
-  // reads them from one line (one (K, M) transpose for all rows: 64 rows took 0.86-0.94x as long as
-  // with it on the AMD EPYC Zen 3, 16-32 rows 0.9-1.0x; `bench_cpu_gemm.py --against`)
-  const int64_t nb = std::min(M <= WIDE_ROWS ? tile_blocks_setting : int64_t{1}, blocks);  // blocks per tile
-  const int64_t max_mt = nb > 1 ? WIDE_MAX_MT : MAX_MT;
-  const int64_t groups = (M + max_mt - 1) / max_mt, per = (M + groups - 1) / groups;
-  std::vector<float> xt_buf(K * M);  // groups x (K, per), the last group possibly narrower
+  // Rows in groups of at most MAX_MT (or 8 for wide tiles), as even as possible (sizes differ by at
+  // most one; a group re-reads the block from L1/L2); each group's rows transposed into a panel of
+  // their own, (K, rows in the group), so that a step reads them from one line (one (K, M) transpose
+  // for all rows: 64 rows took 0.86-0.94x as long as with it on the AMD EPYC Zen 3, 16-32 rows
+  // 0.9-1.0x; `bench_cpu_gemm.py --against`).
+  // More than 8 rows (AVX-512): units of 3 blocks serve all groups in turns of CHUNK_K k-steps
+  // (`unit_in_turns`). SmolLM2's 211 products at 16 rows took 0.88x the time of one block x 16 rows
+  // in a C++ loop on the Intel Xeon with AMX (24.1 against 27.6 ms) and 0.96-1.0x with 3 blocks x 2
+  // passes of 8 rows over the whole K (the second pass from L2).
+  const bool turns = TURNS && M > WIDE_ROWS;
+  const int64_t nb = std::min(turns ? MAX_TILE_BLOCKS : M <= WIDE_ROWS ? tile_blocks_setting : int64_t{1}, blocks);
+  const int64_t max_mt = nb > 1 || turns ? WIDE_MAX_MT : MAX_MT;
+  const int64_t groups = (M + max_mt - 1) / max_mt;
+  std::vector<int64_t> starts(groups + 1);  // group g: rows starts[g] .. starts[g + 1] - 1
+  for (int64_t g = 0; g <= groups; ++g) starts[g] = g * (M / groups) + std::min(g, M % groups);
+  std::vector<float> xt_buf(K * M);  // group g's panel (K, its rows) at starts[g] * K
   auto fill_panels = [&](auto xa) {  // bfloat16 x widened to float32 (exact)
-    for (int64_t m0 = 0; m0 < M; m0 += per) {
-      const int64_t rows = std::min(per, M - m0);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m0 = starts[g], rows = starts[g + 1] - m0;
       float* panel = xt_buf.data() + m0 * K;  // (K, rows)
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t k = 0; k < K; ++k) panel[k * rows + i] = static_cast<float>(xa[m0 + i][k]);
@@ -285,10 +382,15 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   const int64_t units = (blocks + nb - 1) / nb;
   auto run = [&](const auto* pp) {
     at::parallel_for(0, units, std::max<int64_t>(1, grain / nb), [&](int64_t u0, int64_t u1) {
+      std::vector<Acc> acc(turns ? groups * nb * WIDE_MAX_MT : 0);  // accumulators between turns
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t blk = u * nb, width = std::min(nb, blocks - blk);
-        for (int64_t m = 0; m < M; m += per) {
-          const int64_t rows = std::min(per, M - m);
+        if (turns) {
+          unit_in_turns(width, groups, starts.data(), xt, pp + blk * K * LANES, K, yp, N, blk * LANES, N, bias, acc.data());
+          continue;
+        }
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t m = starts[g], rows = starts[g + 1] - m;
           if (width > 1)
             rows_tile_wide(width, rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
           else

@@ -124,13 +124,16 @@ def _fma_chain(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tenso
 
 
 @needs_kernel
-@pytest.mark.parametrize("M,K", [(1, 23), (5, 23), (7, 23), (18, 23), (7, 300), (18, 300)])
-def test_every_output_is_the_float32_fma_chain_over_k(M, K):
+@pytest.mark.parametrize("M,K,N", [(1, 23, 19), (5, 23, 19), (7, 23, 19), (18, 23, 19), (7, 300, 19), (18, 300, 19),
+                                   (12, 40, 67), (17, 40, 49), (9, 33, 35)])
+def test_every_output_is_the_float32_fma_chain_over_k(M, K, N):
     """Bitwise: y[m, n] = fma(w[n, K-1], x[m, K-1], ... fma(w[n, 0], x[m, 0], 0)) + b[n] in float32,
     whatever the build (AVX-512 or AVX2), the tile, the row groups and their panels of x: what
-    makes both builds give the same bits, and a tree's products the one-token products."""
+    makes both builds give the same bits, and a tree's products the one-token products.
+    N = 19: a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile. Past 8 rows (AVX-512),
+    units of 3 blocks take the row groups in turns of 16 k-steps: K = 40 and 33 end in a partial
+    turn; N = 67, 49 and 35 end in a unit of 2, 1 and 3 blocks, the last one partial."""
     gen = torch.Generator().manual_seed(7)
-    N = 19  # a tail block (19 = 16 + 3), upper-half lanes of the AVX2 tile
     x, w, b = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
     y = cpu_gemm.small_linear(x, w, b)
     assert torch.equal(y, _fma_chain(x, w, b))
@@ -164,13 +167,12 @@ def test_each_instruction_set_form_of_the_source_compiles(isa):
 
 
 @needs_kernel
-@pytest.mark.parametrize("M,K", [(1, 23), (7, 300), (18, 300)])
-def test_bfloat16_outputs_are_the_float32_fma_chain_rounded_once(M, K):
+@pytest.mark.parametrize("M,K,N", [(1, 23, 19), (7, 300, 19), (18, 300, 19), (12, 40, 67)])
+def test_bfloat16_outputs_are_the_float32_fma_chain_rounded_once(M, K, N):
     """bfloat16 weights and x: every output is the float32 FMA chain over k of their (exactly)
     widened values, plus the bias, rounded once to bfloat16 (bitwise); a row's result does not
     depend on the other rows of the call."""
     gen = torch.Generator().manual_seed(11)
-    N = 19
     x, w, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((M, K), (N, K), (N,)))
     y = cpu_gemm.small_linear(x, w, b)
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
