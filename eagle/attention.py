@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle_kernels import cpu_attention
+
 __all__ = ["FOLD_BELOW", "GQA_SDPA", "attention_view", "folds_gqa", "gqa_sdpa", "register_attention",
            "register_gqa_sdpa", "sharing_copy"]
 
@@ -31,6 +33,9 @@ GQA_SDPA = "eagle_gqa_sdpa"
 # 3 blocks, against 9 heads x 2 unfolded) measured 0.97-1.07x unfolded on the 2-core machine, where
 # 16-node trees measured 0.88-0.99x (docs/results.md, "K/V copies of grouped-query attention").
 FOLD_BELOW = 192
+# attention keywords that change the scores or the softmax (soft-capping, position biases, sinks):
+# calls with any of them keep transformers' SDPA
+_SCORE_CHANGES = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")
 _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {implementation: view}
 
 
@@ -46,14 +51,23 @@ def register_attention(name: str, fn) -> str:
     return name
 
 
-def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, cpu_op=True,
+             **kwargs):
     """SDPA over ``query (B, Hq, T, D)``, ``key/value (B, Hkv, S, D)`` with the ``Hq / Hkv`` query
     heads of each KV head folded into the query axis; returns ``((B, T, Hq, D), None)`` as
-    transformers' ``sdpa_attention_forward``, which takes every call this folding does not apply
-    to (no grouping, ``FOLD_BELOW`` folded query rows or more, no mask, a per-head mask,
-    soft-capping, position biases, attention weights asked for)."""
+    transformers' ``sdpa_attention_forward``. Three ways: on the CPU, calls of at most 64 query
+    rows with a boolean mask take ``kernels/cpu_attention.py``'s op (the same folding, keys cut
+    after the last one any row sees); other foldable calls run SDPA here; transformers'
+    ``sdpa_attention_forward`` takes every call the folding does not apply to (no grouping,
+    ``FOLD_BELOW`` folded query rows or more, no mask, a per-head mask, soft-capping, position
+    biases, attention weights asked for). ``cpu_op=False``: never the CPU op (for A/Bs)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if (cpu_op and dropout == 0.0 and not any(kwargs.get(k) is not None for k in _SCORE_CHANGES) and not kwargs.get("output_attentions")
+            and cpu_attention.applies(query, key, value, attention_mask)):
+        # CPU, few rows, a boolean mask: SDPA over the filled part of the cache only (the keys after
+        # the last one any row sees are cut off; kernels/cpu_attention.py)
+        return cpu_attention.masked_attention(query, key, value, attention_mask, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     plain = (groups == 1 or groups * query.shape[2] >= FOLD_BELOW
              or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
@@ -74,6 +88,7 @@ def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
 
 def register_gqa_sdpa() -> str:
     """Register (once) and return the ``eagle_gqa_sdpa`` backend (:func:`gqa_sdpa`)."""
+    cpu_attention.available()  # builds / loads the CPU op now, not while a step is being traced
     return register_attention(GQA_SDPA, gqa_sdpa)
 
 

@@ -20,6 +20,10 @@ backend of its own for that side, so dynamo keeps the two graphs apart). Two Tar
 on copies the extension holds (as shipped, ``held_mkl_linear``) against ``F.linear`` (what compiled
 steps ran there before). Two Targets; the second's ways are the first's with MKL replaced.
 
+``--what attention``: the CPU attention op that cuts the cache's empty slots off
+(kernels/cpu_attention.py, as shipped) against SDPA over the whole buffer (eagle/attention.py's
+folding without the op, registered as an attention backend of its own). Two Targets.
+
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
@@ -27,6 +31,7 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/compiled_step_ab.py --what scope --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
+    python experiments/compiled_step_ab.py --what attention --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
@@ -141,6 +146,14 @@ def sides(what: str, model, dtype: str):
         shipped = eagle.Target(model, "reference", runtime())
         print(f"# buckets on MKL's packed GEMM: {sorted(shipped.packed_rows)}")
         return {"F.linear": (plain, lambda: None), "MKL, held copies (shipped)": (shipped, lambda: None)}
+    if what == "attention":
+        import functools
+
+        from eagle.attention import attention_view, gqa_sdpa, register_attention
+
+        whole = register_attention("eagle_gqa_sdpa_whole_buffer", functools.partial(gqa_sdpa, cpu_op=False))
+        return {"SDPA, whole buffer": (eagle.Target(attention_view(model, whole), "reference", runtime()), lambda: None),
+                "cut at the last seen key (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
@@ -151,7 +164,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope, asserts, mkl or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -231,7 +244,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)

@@ -50,6 +50,7 @@ __all__ = ["available", "isa", "tile_blocks", "unavailable_reason", "small_linea
            "packed_op", "HeldWeight", "held_op", "held_mkl_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
+_ATTENTION_SOURCE = Path(__file__).with_name("cpu_attention.cpp")  # built into the same extension (cpu_attention.py)
 _LOCK = threading.Lock()
 _EXT = None  # the loaded extension module
 _REASON: str | None = None  # why it is unavailable (None: not tried yet, or available)
@@ -71,7 +72,8 @@ def _machine_isa(flags: set[str] | None = None) -> str | None:
 def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOURCE):
     """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``/``source``:
     another build, with preprocessor switches or of another version of the source (benchmarks only).
-    Built for the best of :data:`ISAS` this CPU has."""
+    Built for the best of :data:`ISAS` this CPU has; the extension of ``cpu_gemm.cpp`` itself also
+    holds ``cpu_attention.cpp`` (another revision's source is built alone)."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -84,13 +86,14 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
     # the source's hash in the folder: a new source never rebuilds over a library a running process has loaded
-    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:10]
+    sources = [Path(source)] + ([_ATTENTION_SOURCE] if Path(source) == _SOURCE else [])
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources)).hexdigest()[:10]
     isa = _machine_isa()
     isa_flags = next(cflags for name, _, cflags in ISAS if name == isa)
     folder = (cache_dir() / "torch_extensions"
               / f"cpu_gemm{variant}-{isa}-torch{torch.__version__.split('+')[0]}-{digest}")
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}_{isa}", sources=[str(source)],
+    return load(name=f"eagle_cpu_gemm{variant.replace('-', '_')}_{isa}", sources=[str(src) for src in sources],
                 build_directory=str(folder),
                 extra_cflags=["-O3", *isa_flags, "-fopenmp", *(f"-D{d}" for d in defines)],
                 extra_ldflags=["-fopenmp"], verbose=False)

@@ -9,6 +9,8 @@ import torch
 from conftest import make_random_tree, make_tiny_model
 from transformers.integrations import sdpa_attention
 
+from eagle_kernels import cpu_attention
+
 from eagle.attention import FOLD_BELOW, GQA_SDPA, attention_view, folds_gqa, gqa_sdpa, register_gqa_sdpa
 from eagle.runtime import RuntimeConfig
 from eagle.target import Target
@@ -41,6 +43,7 @@ def test_gqa_sdpa_equals_transformers_sdpa(groups, T, B, batch_mask):
 
 
 def test_gqa_sdpa_folds_trees_and_hands_the_rest_to_transformers(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "applies", lambda *a: False)  # the folding itself (the CPU op: below)
     calls = []
     original = sdpa_attention.sdpa_attention_forward
     monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
@@ -57,6 +60,29 @@ def test_gqa_sdpa_folds_trees_and_hands_the_rest_to_transformers(monkeypatch):
     assert len(calls) == 4
     with pytest.raises(ValueError, match="softcap"):  # refused as transformers' SDPA refuses it
         gqa_sdpa(module, q, k, v, mask, softcap=20.0)
+
+
+@pytest.mark.skipif(not cpu_attention.available(), reason="no CPU extension")
+def test_gqa_sdpa_takes_the_cpu_op_for_few_rows_with_a_boolean_mask(monkeypatch):
+    """CPU calls of at most MAX_ROWS query rows with a (B|1, 1, T, S) boolean mask go to
+    kernels/cpu_attention.py's op; others, and calls with score-changing keywords, do not."""
+    taken = []
+    original = cpu_attention.masked_attention
+    monkeypatch.setattr(cpu_attention, "masked_attention", lambda *a, **kw: taken.append(a[0].shape[2]) or original(*a, **kw))
+    gen = torch.Generator().manual_seed(5)
+    module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    for T in (1, 16, cpu_attention.MAX_ROWS):
+        gqa_sdpa(module, *_inputs(1, 2, 2, T, 10, 8, gen))
+    assert taken == [1, 16, cpu_attention.MAX_ROWS]
+    q, k, v, mask = _inputs(1, 2, 2, cpu_attention.MAX_ROWS + 1, 10, 8, gen)
+    gqa_sdpa(module, q, k, v, mask)  # a prefill's many rows
+    q, k, v, mask = _inputs(1, 2, 2, 16, 10, 8, gen)
+    gqa_sdpa(module, q, k, v, mask.expand(1, 4, 16, 26))  # a per-head mask
+    gqa_sdpa(module, q, k, v, torch.zeros(mask.shape).masked_fill(~mask, float("-inf")))  # an additive mask
+    gqa_sdpa(module, q.requires_grad_(), k, v, mask)  # autograd
+    with pytest.raises(ValueError, match="softcap"):
+        gqa_sdpa(module, q.detach(), k, v, mask, softcap=20.0)
+    assert taken == [1, 16, cpu_attention.MAX_ROWS]
 
 
 def test_attention_view_shares_weights_and_leaves_the_model_alone():

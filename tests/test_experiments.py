@@ -148,8 +148,37 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl or tiles"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention or tiles"):
         ab.sides("cache", None, "")
+
+
+def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch):
+    """--what attention: the baseline side runs eagle/attention.py's folding without the CPU op
+    (a backend of its own), the shipped side with it; a step of each gives the same logits."""
+    from conftest import make_random_tree, make_tiny_model
+
+    from eagle_kernels import cpu_attention
+
+    ab = _script("compiled_step_ab")
+    model = make_tiny_model("llama")
+    (whole, _), (shipped, _) = ab.sides("attention", model, "").values()
+    assert whole.model.config._attn_implementation == "eagle_gqa_sdpa_whole_buffer"
+    assert shipped.model.config._attn_implementation == "eagle_gqa_sdpa"
+    taken = []
+    original = cpu_attention.masked_attention
+    monkeypatch.setattr(cpu_attention, "masked_attention", lambda *a, **kw: taken.append(1) or original(*a, **kw))
+    gen = torch.Generator().manual_seed(0)
+    ids, tree = torch.randint(0, 128, (9,), generator=gen), make_random_tree(5, 128, gen)
+    logits = []
+    for t in (whole, shipped):
+        t.runtime.compile = t.compiled = False  # eager steps: the same attention functions, no compiling
+        cache = t.new_cache(32)
+        t.prefill(ids, cache)
+        taken.clear()
+        logits.append(t.tree_forward(tree, cache).logits)
+        if cpu_attention.available():
+            assert bool(taken) == (t is shipped)
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
 
 
 def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():

@@ -161,9 +161,10 @@ def test_each_instruction_set_form_of_the_source_compiles(isa):
         pytest.skip("no C++ compiler")
     flags = next(cflags for name, _, cflags in cpu_gemm.ISAS if name == isa)
     includes = [f"-I{d}" for d in [*include_paths(), sysconfig.get_paths()["include"]]]
-    run = subprocess.run([cxx, "-fsyntax-only", "-std=c++17", "-fopenmp", *flags, *includes,
-                          "-DTORCH_EXTENSION_NAME=check", str(cpu_gemm._SOURCE)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
+    for source in (cpu_gemm._SOURCE, cpu_gemm._ATTENTION_SOURCE):  # the extension's two files
+        run = subprocess.run([cxx, "-fsyntax-only", "-std=c++17", "-fopenmp", *flags, *includes,
+                              "-DTORCH_EXTENSION_NAME=check", str(source)], capture_output=True, text=True)
+        assert run.returncode == 0, (source.name, run.stderr[-2000:])
 
 
 @needs_kernel
