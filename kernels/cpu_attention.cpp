@@ -1,19 +1,3 @@
-// Masked attention for few query rows on the CPU (built into the same extension as cpu_gemm.cpp):
-// out (B, T, Hq, D) = softmax(scale * q k^T + mask) v per query head, grouped-query heads reading
-// their KV head, with a boolean mask (B or 1, 1, T, C). What a verification or decoding step of
-// the target runs in every layer: T = 1-64 tree nodes against C cache slots.
-//
-// Why: PyTorch's CPU flash attention took ~110 us a layer for one query row of SmolLM2-135M
-// (3 KV heads x 3 query heads, 512 cache slots of which 300 filled) and ~200 us for 16 rows: 3.3
-// and 6.1 ms of a 30- and 48-ms step (docs/results.md). It works through the whole cache
-// buffer of a compiled step (fixed shapes) and splits 3 heads over 2 threads. Here the keys past
-// the last slot any query may see are skipped (the mask is scanned from the end: the empty slots
-// of a preallocated cache), and the work is split into row blocks of every KV head.
-//
-// Per query row: the scores of the visible keys (a dot product over D each), their maximum,
-// exp(score - max) by ATen's vectorized exp (`exp_u20`, what PyTorch's CPU flash attention uses),
-// the weighted sum of the value rows, divided by the sum of weights. float32 arithmetic; bfloat16
-// q, k, v are widened, and the output rounded once. A row that sees no key gets zeros.
 // Masked attention over the filled part of a preallocated cache (built into the same extension as
 // cpu_gemm.cpp): out (B, T, Hq, D) = softmax(scale * q k^T, masked) v per query head, grouped-query
 // heads reading their KV head, with a boolean mask (B or 1, 1, T, C). What a compiled decoding or

@@ -6,7 +6,8 @@ A compiled step has fixed shapes, so it hands attention the whole cache buffer (
 slots) with a mask that hides the empty ones, and PyTorch's CPU flash attention works through all
 of them. The op cuts the keys off after the last slot any query sees (scanning the mask: a
 data-dependent length, which a graph could only get with a host sync and a new shape per step) and
-runs the same SDPA on the rest, each KV head's query heads folded into its rows (no K/V copies).
+runs the same SDPA on the rest in its grouped-query form (each KV head read once for its query
+heads, no K/V copies).
 
 As for the other kernels:
 
