@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Tree": "tree", "Target": "target", "TreeDecoder": "decoder", "DecodeStats": "decoder",
     "GenerationResult": "decoder", "DecodeConfig": "config", "load_config": "config", "load_target": "models",
-    "verify": "verify", "greedy_verify": "verify", "sample_verify": "verify", "probs_from_logits": "verify",
+    "verify": "verify", "greedy_verify": "verify", "greedy_accept": "verify", "sample_verify": "verify",
+    "probs_from_logits": "verify",
     "DraftHead": "heads", "load_head": "heads", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
     "RuntimeConfig": "runtime", "SlotCache": "kv",
 }

@@ -16,7 +16,7 @@ from .fallback import FallbackConfig, FallbackPolicy
 from .runtime import RuntimeConfig
 from .target import Target
 from .tree import Tree
-from .verify import probs_from_logits, verify
+from .verify import greedy_accept, probs_from_logits, verify
 
 __all__ = ["TreeDecoder", "DecodeStats", "GenerationResult"]
 
@@ -189,7 +189,7 @@ class TreeDecoder:
         cache = target.new_cache(len(ids) + max_new_tokens + target.runtime.buckets[-1])
         layers = drafter.feature_layers  # EAGLE-3: fused low/mid/high target layers, else the final feature
         out = target.prefill(ids, cache, layers)
-        root = self._pick(out.logits[-1], sampling)
+        root = int(out.greedy()[-1]) if sampling.greedy else self._pick(out.logits[-1], sampling)
         drafter.reset(ids)
         drafter.extend(out.features, torch.cat([ids[1:], ids.new_tensor([root])]))
         stats.prefill_s = time.perf_counter() - t0
@@ -206,8 +206,10 @@ class TreeDecoder:
             t1 = time.perf_counter()
             prefix_len = cache.get_seq_length()
             res = target.tree_forward(tree, cache, layers)
+            # the LM head runs on first use: here, inside the forward's time
+            scores = res.greedy() if sampling.greedy else res.logits  # (T,) argmax | (T, V)
             t2 = time.perf_counter()
-            path, bonus = verify(tree, res.logits, temperature, top_p, gen)
+            path, bonus = greedy_accept(tree, scores) if sampling.greedy else verify(tree, scores, temperature, top_p, gen)
             Target.commit(cache, prefix_len, path)
             new = tree.tokens[path[1:]].tolist() + [bonus]
             # stop exactly at EOS or at the token budget

@@ -9,6 +9,8 @@ The ``runtime:`` section of a decoding config::
       compile: false       # compile each bucket's step (CPU: one graph, each decoder layer one compiled region; GPU: CUDA graphs)
       packed_linear: true  # CPU: per bucket the fastest GEMM: F.linear, MKL's packed GEMM or the small-row kernel
                            # (float32); F.linear, oneDNN on packed copies or the kernel's bf16 form (bfloat16)
+      greedy_head: screened  # greedy steps, float32 head on the CPU: its exact argmax through a bfloat16
+                             # screen (kernels/cpu_argmax.py) | full: every logit, then argmax
 
 Defaults were chosen by measurement on the 2-core CPUs this project is developed on
 (docs/results.md, "The fast target path", "Compiled decoder layers", "One graph per step").
@@ -20,15 +22,18 @@ runs would pay the compile); the shipped CPU config ``eagle2-cpu.yaml`` turns it
 faster on an Intel Xeon and 6-22% slower on an AMD EPYC, where the small-row kernel
 (kernels/cpu_gemm.py) ran them 2x faster than ``F.linear`` instead; so ``packed_linear: true``
 takes, per bucket, the way a measurement at start-up (``eagle.packed.linear_ways``, ~1 s) finds
-fastest.
+fastest. A greedy step needs only each row's argmax of the LM head (the largest product of a
+float32 step: 113 of SmolLM2's 538 MB); ``greedy_head: screened`` reads a bfloat16 copy of it and
+recomputes the few tokens that copy cannot rule out, which gives the exact argmax (docs/kernels.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RuntimeConfig", "CACHES", "DTYPES", "DEFAULT_BUCKETS", "cpu_flags", "native_bf16"]
+__all__ = ["RuntimeConfig", "CACHES", "GREEDY_HEADS", "DTYPES", "DEFAULT_BUCKETS", "cpu_flags", "native_bf16"]
 
 CACHES = ("static", "dynamic")
+GREEDY_HEADS = ("screened", "full")
 DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
 RUNTIME_DTYPES = ("",) + DTYPES  # "" = the model as loaded
 DEFAULT_BUCKETS = [1, 4, 8, 16, 32, 64]
@@ -44,6 +49,7 @@ class RuntimeConfig:
     dtype: str = ""
     compile: bool = False
     packed_linear: bool = True
+    greedy_head: str = "screened"
 
     def validate(self) -> None:
         if self.cache not in CACHES:
@@ -53,6 +59,8 @@ class RuntimeConfig:
                              f"got '{self.dtype}'")
         if not self.buckets or any(b < 1 for b in self.buckets) or self.buckets != sorted(set(self.buckets)):
             raise ValueError(f"runtime.buckets must be increasing positive node counts, got {self.buckets}")
+        if self.greedy_head not in GREEDY_HEADS:
+            raise ValueError(f"runtime.greedy_head must be one of {GREEDY_HEADS}, got '{self.greedy_head}'")
         if self.compile and self.cache != "static":
             raise ValueError("runtime.compile needs runtime.cache: static (fixed shapes)")
 

@@ -18,12 +18,11 @@ import copy
 import os
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from eagle_kernels import cpu_gemm
+from eagle_kernels import cpu_argmax, cpu_gemm
 
 from .attention import attention_view, folds_gqa, register_attention, register_gqa_sdpa, sharing_copy
 from .kv import SlotCache
@@ -128,13 +127,37 @@ def _guards_of(warm: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
-@dataclass
 class TreeOutput:
-    logits: torch.Tensor  # (T, V) float32
-    hidden: torch.Tensor  # (T, H) last hidden state after the final norm
-    # (T, k*H): the hidden states entering the requested layers (``layers=``), concatenated
-    # in the order asked (EAGLE-3 reads layers 2, L//2 and L-3); None when none were asked for
-    layers: torch.Tensor | None = None
+    """What a target forward gives: ``hidden (T, H)``, the last hidden state after the final norm;
+    ``layers (T, k*H)``, the hidden states entering the requested layers (``layers=``),
+    concatenated in the order asked (EAGLE-3 reads layers 2, L//2 and L-3), None when none were
+    asked for; ``logits (T, V)`` float32 and :meth:`greedy`, the LM head's, computed on first use
+    (a greedy step asks only for the argmax, which the target may get without every logit)."""
+
+    def __init__(self, hidden: torch.Tensor, layers: torch.Tensor | None, head, argmax=None):
+        self.hidden = hidden
+        self.layers = layers
+        self._head = head  # () -> (T, V) logits
+        self._argmax = argmax  # () -> (T,) argmax of the logits without them, or None: it does not apply
+        self._logits: torch.Tensor | None = None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """``(T, V)`` float32 logits (the LM head runs on the first access)."""
+        if self._logits is None:
+            with torch.no_grad():
+                self._logits = self._head()
+        return self._logits
+
+    def greedy(self) -> torch.Tensor:
+        """``(T,)`` int64: each row's argmax of :attr:`logits` (lowest index on a tie), without
+        computing every logit where the target can (``runtime.greedy_head``)."""
+        if self._logits is None and self._argmax is not None:
+            with torch.no_grad():
+                best = self._argmax()
+            if best is not None:
+                return best
+        return self.logits.argmax(dim=-1)
 
     @property
     def features(self) -> torch.Tensor:
@@ -247,6 +270,25 @@ class Target:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def _screened_argmax(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``(T,)`` int64, the argmax of ``self.logits(hidden)`` per row without computing them, or
+        ``None`` where this does not apply. With ``runtime.greedy_head: screened``, a float32 head
+        without bias or soft-capping on the CPU: the argmax of the exact logits through a bfloat16
+        screen of the head (kernels/cpu_argmax.py; half the bytes read), the same as the float32
+        product's unless two logits lie within its rounding of each other."""
+        weight = self.lm_head.weight
+        if (self.runtime.greedy_head == "screened" and not self.softcap
+                and getattr(self.lm_head, "bias", None) is None and cpu_argmax.applies(hidden, weight)):
+            return cpu_argmax.screened_argmax(hidden, weight)
+        return None
+
+    def _output(self, hidden: torch.Tensor, fused: torch.Tensor | None, head_rows: torch.Tensor | None = None):
+        """The :class:`TreeOutput` of rows ``hidden (T, H)``; ``head_rows``: the rows the LM head
+        runs over when they are more (a whole bucket: the first T of its logits are kept)."""
+        T = hidden.shape[0]
+        rows = hidden if head_rows is None else head_rows
+        return TreeOutput(hidden, fused, lambda: self.logits(rows)[:T], lambda: self._screened_argmax(hidden))
+
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, layers: tuple[int, ...] | None = None,
              base=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(hidden (T, H), fused (T, k*H) or None)``: the final feature and, when ``layers`` are
@@ -306,7 +348,7 @@ class Target:
             start = cache.get_seq_length()
             pos = torch.arange(start, start + len(ids), device=ids.device)
             hidden, fused = self._run(ids, pos, cache, None, layers)  # (N, H), (N, k*H)
-            return TreeOutput(self.logits(hidden[-1:]), hidden, fused)
+            return self._prefill_output(hidden, fused)
         start, N = cache.length, len(ids)
         cache.reserve(start + N)
         pos = torch.arange(start, start + N, device=ids.device)  # (N,)
@@ -315,7 +357,12 @@ class Target:
         hidden, fused = self._run(ids, pos, cache, self._masks(allowed, pos, key_pos), layers, cache_slots=pos,
                                   cache_kv_len=start + N)
         cache.advance(N)
-        return TreeOutput(self.logits(hidden[-1:]), hidden, fused)
+        return self._prefill_output(hidden, fused)
+
+    def _prefill_output(self, hidden: torch.Tensor, fused: torch.Tensor | None) -> TreeOutput:
+        # every position's features, the LM head of the last position only
+        last = hidden[-1:]
+        return TreeOutput(hidden, fused, lambda: self.logits(last), lambda: self._screened_argmax(last))
 
     @torch.no_grad()
     def tree_forward(self, tree: Tree, cache, layers: tuple[int, ...] | None = None) -> TreeOutput:
@@ -337,7 +384,7 @@ class Target:
         extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
         mask = self._tree_masks(tree.ancestor_mask().to(self.device), prefix_len, positions)
         hidden, fused = self._run(tokens, positions, cache, mask, layers, **extra)
-        return TreeOutput(self.logits(hidden), hidden, fused)
+        return self._output(hidden, fused)
 
     def _tree_forward_static(self, tree: Tree, cache: SlotCache, layers: tuple[int, ...] | None) -> TreeOutput:
         P, T, dev = cache.length, len(tree), self.device
@@ -365,8 +412,8 @@ class Target:
         cache.length = P + T  # as a DynamicCache would have it: the nodes are in, until commit/crop
         # with MKL's packed GEMM, the LM head runs over the whole bucket: a fixed row count it packs
         # for (8 rows ~10 ms, against ~20 ms for 5 rows unpacked); the padding rows are dropped after
-        logits = self.logits(hidden if size in self.packed_rows else hidden[:T])[:T]
-        return TreeOutput(logits, hidden[:T], None if fused is None else fused[:T])  # padding rows dropped
+        return self._output(hidden[:T], None if fused is None else fused[:T],  # padding rows dropped
+                            hidden if size in self.packed_rows else None)
 
     def _compiled_step(self, size: int, layers: tuple[int, ...] | None = None):
         """The compiled forward of a ``size``-node step (compiled on its first call, then reused;

@@ -24,7 +24,7 @@ import torch
 
 from .tree import Tree
 
-__all__ = ["probs_from_logits", "greedy_verify", "greedy_verify_reference", "sample_verify", "verify"]
+__all__ = ["probs_from_logits", "greedy_accept", "greedy_verify", "greedy_verify_reference", "sample_verify", "verify"]
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -63,8 +63,13 @@ def greedy_verify(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     Returns:
         ``(path, bonus)``: node indices from the root, and the target's argmax after the last one.
     """
-    dev = logits.device
-    best = logits.argmax(dim=-1)  # (T,)
+    return greedy_accept(tree, logits.argmax(dim=-1))
+
+
+def greedy_accept(tree: Tree, best: torch.Tensor) -> tuple[list[int], int]:
+    """:func:`greedy_verify` given each node's target argmax ``best (T,)`` instead of the logits
+    (what ``TreeOutput.greedy`` gives without computing every logit)."""
+    dev = best.device
     tokens, parents = tree.tokens.to(dev), tree.parents.to(dev)
     anc = tree.ancestor_mask().to(dev)  # (T, T)
     T = tokens.shape[0]

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         for k, t in targets.items():
             tree = Tree.chain([int(torch.randint(0, model.config.vocab_size, (), generator=gen))])
             t0 = time.perf_counter()
-            t.tree_forward(tree, caches[k])
+            t.tree_forward(tree, caches[k]).logits  # the LM head included
             dt = time.perf_counter() - t0
             eagle.Target.crop(caches[k], args.prefix)
             if r > 1:  # two warm-up rounds

@@ -24,6 +24,11 @@ steps ran there before). Two Targets; the second's ways are the first's with MKL
 (kernels/cpu_attention.py, as shipped) against SDPA over the whole buffer (eagle/attention.py's
 folding without the op, registered as an attention backend of its own). Two Targets.
 
+``--what head``: a greedy step's argmax of the LM head through its bfloat16 screen
+(kernels/cpu_argmax.py, ``runtime.greedy_head: screened``, as shipped) against every logit, then
+argmax (``greedy_head: full``). Two Targets; for this one each step is timed to the argmax
+(``TreeOutput.greedy``), for the others to the full logits.
+
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
@@ -32,6 +37,7 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
     python experiments/compiled_step_ab.py --what attention --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what head --sizes 1,4,8,16,32,64
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
@@ -112,7 +118,7 @@ def sides(what: str, model, dtype: str):
     import eagle.target as et
     from eagle.runtime import RuntimeConfig
 
-    runtime = lambda: RuntimeConfig(compile=True, dtype=dtype)  # noqa: E731
+    runtime = lambda **kw: RuntimeConfig(compile=True, dtype=dtype, **kw)  # noqa: E731
     if what == "guards":
         t = eagle.Target(model, "reference", runtime())
         real = et._guards_of
@@ -154,6 +160,9 @@ def sides(what: str, model, dtype: str):
         whole = register_attention("eagle_gqa_sdpa_whole_buffer", functools.partial(gqa_sdpa, cpu_op=False))
         return {"SDPA, whole buffer": (eagle.Target(attention_view(model, whole), "reference", runtime()), lambda: None),
                 "cut at the last seen key (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+    if what == "head":
+        return {"every logit": (eagle.Target(model, "reference", runtime(greedy_head="full")), lambda: None),
+                "bf16 screen (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
@@ -164,7 +173,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, head or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -190,7 +199,8 @@ def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
                     t, before = named[n]
                     before()
                     t0 = time.perf_counter()
-                    t.tree_forward(tree, caches[id(t)])
+                    out = t.tree_forward(tree, caches[id(t)])
+                    out.greedy() if what == "head" else out.logits  # the LM head included
                     dt = time.perf_counter() - t0
                     eagle.Target.crop(caches[id(t)], prefix)
                     if r >= 2:
@@ -244,7 +254,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "head", "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)

@@ -3,7 +3,9 @@
 On a CPU the tree is not free: this curve is what the tree budget of eagle2-cpu is chosen from.
 For each runtime path (``--paths``: ``dynamic`` = transformers' DynamicCache, ``static`` = the
 preallocated slot cache with trees padded to buckets, ``static-bf16``, ``static-compiled``, ...)
-and each tree size T it times ``Target.tree_forward`` over a random tree of T nodes after a
+and each tree size T it times a greedy verification forward (``Target.tree_forward``, then the
+argmax of every node's logits: ``TreeOutput.greedy``, through the bfloat16 screen of a float32
+head where ``runtime.greedy_head`` is ``screened``; ``-fullhead`` paths compute every logit) over a random tree of T nodes after a
 ``--prefix``-token prompt (median of ``--repeats``, sizes interleaved round by round so a slow
 spell of the machine hits every size alike), relative to T = 1 on the same path. It also measures
 the machine's memory read bandwidth in the same run and reports each forward as a share of the
@@ -57,15 +59,16 @@ def weight_bytes(model) -> int:
 
 def parse_path(name: str):
     """``static``, ``dynamic``, ``static-unpacked`` (no packed GEMM), ``static-bf16``,
-    ``static-compiled``, ``static-bf16-compiled``, ..."""
+    ``static-compiled``, ``static-bf16-compiled``, ``static-compiled-fullhead`` (every logit,
+    ``greedy_head: full``), ..."""
     from eagle.runtime import RuntimeConfig
 
     parts = name.split("-")
-    if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled", "unpacked"}:
-        raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled, -unpacked)")
+    if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled", "unpacked", "fullhead"}:
+        raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled, -unpacked, -fullhead)")
     dtype = "bfloat16" if "bf16" in parts else "float16" if "fp16" in parts else ""
     return RuntimeConfig(cache=parts[0], dtype=dtype, compile="compiled" in parts,
-                         packed_linear="unpacked" not in parts)
+                         packed_linear="unpacked" not in parts, greedy_head="full" if "fullhead" in parts else "screened")
 
 
 def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[dict], float]:
@@ -83,7 +86,7 @@ def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[d
         for T in sizes:
             tree = random_tree(T, vocab, gen)
             t0 = time.perf_counter()
-            target.tree_forward(tree, cache)
+            target.tree_forward(tree, cache).greedy()  # a greedy verification step's forward
             dt = time.perf_counter() - t0
             Target.crop(cache, prefix)
             if r:  # round 0 is a warm-up (and compiles, on a compiled path)

@@ -105,12 +105,12 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
             for T in sizes:
                 trees = [random_tree(T, vocab, gen) for _ in range(repeats)]
                 for tree in trees[:2]:  # warm-up
-                    target.tree_forward(tree, cache)
+                    target.tree_forward(tree, cache).logits
                     Target.crop(cache, prefix)
                 spent.update(kernel=0.0, logits=0.0)
                 t0 = time.perf_counter()
                 for tree in trees:
-                    target.tree_forward(tree, cache)
+                    target.tree_forward(tree, cache).logits
                     Target.crop(cache, prefix)
                 wall = (time.perf_counter() - t0) * 1000 / repeats
                 inside, head = spent["kernel"] * 1000 / repeats, spent["logits"] * 1000 / repeats
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     cache = target.new_cache(args.prefix + max(sizes))
     target.prefill(torch.randint(0, vocab, (args.prefix,), generator=gen), cache)
     for T in sizes:  # warm-up: first calls of each bucket
-        target.tree_forward(cc.random_tree(T, vocab, gen), cache)
+        target.tree_forward(cc.random_tree(T, vocab, gen), cache).logits
         Target.crop(cache, args.prefix)
     if args.kernel_split:
         print(f"{args.target}, path {args.path}, prefix {args.prefix}, {torch.get_num_threads()} threads, "
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 t0 = time.perf_counter()
                 for tree in trees:
-                    target.tree_forward(tree, cache)
+                    target.tree_forward(tree, cache).logits
                     Target.crop(cache, args.prefix)
                 wall[T] = (time.perf_counter() - t0) * 1000 / args.repeats
             per_size[T] = self_ms_per_call(prof.key_averages(), args.repeats)

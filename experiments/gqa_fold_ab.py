@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                             cfg._attn_implementation = b
                         t0 = time.perf_counter()
                         for tree in trees:
-                            target.tree_forward(tree, cache)
+                            target.tree_forward(tree, cache).logits  # the LM head included, as before it was lazy
                             Target.crop(cache, args.prefix)
                         if r:
                             times[b].append((time.perf_counter() - t0) * 1000 / len(trees))

@@ -83,6 +83,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 with mode if name == "mode" and bucket in mode.row_counts else nullcontext():  # as the old Target
                     out = t.tree_forward(tree, caches[name])
+                    out.logits  # the LM head included
                 dt = 1e3 * (time.perf_counter() - t0)
                 t.crop(caches[name], args.prefix)
                 logits[name] = out.logits

@@ -327,9 +327,13 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   // by the caller (each tensor call from Python costs microseconds, and a step makes 211 of these)
   TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
               "packed_linear: x (..., K) and a packed weight (blocks, K, 16)");
-  const bool bf16 = p.scalar_type() == at::kBFloat16;  // bfloat16 weights, x and y; float32 arithmetic
+  const bool bf16 = p.scalar_type() == at::kBFloat16;  // bfloat16 weights; float32 arithmetic
+  // float32 x with bfloat16 weights: a float32 y, not rounded (the screen of eagle/screen.py, whose
+  // error bound counts only the weights' rounding)
+  const bool mixed = bf16 && x_in.scalar_type() == at::kFloat;
   TORCH_CHECK((x_in.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat) ||
-              (x_in.scalar_type() == at::kBFloat16 && bf16), "packed_linear: float32 or bfloat16 x and weight, alike");
+              (x_in.scalar_type() == at::kBFloat16 && bf16) || mixed,
+              "packed_linear: float32 or bfloat16 x and weight, alike, or float32 x with bfloat16 weights");
   TORCH_CHECK(x_in.device().is_cpu() && p.device().is_cpu(), "packed_linear: CPU tensors only");
   TORCH_CHECK(p.is_contiguous() && N > (p.size(0) - 1) * LANES && N <= p.size(0) * LANES,
               "packed_linear: N does not match the packed weight");
@@ -370,7 +374,7 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
         for (int64_t k = 0; k < K; ++k) panel[k * rows + i] = static_cast<float>(xa[m0 + i][k]);
     }
   };
-  if (bf16)
+  if (bf16 && !mixed)
     fill_panels(x.accessor<at::BFloat16, 2>());
   else
     fill_panels(x.accessor<float, 2>());
@@ -401,6 +405,7 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   };
   if (bf16) {
     run(reinterpret_cast<const uint16_t*>(p.data_ptr<at::BFloat16>()));
+    if (mixed) return y.view(out_shape);
     return y.to(at::kBFloat16).view(out_shape);  // rounded to nearest, ties to even
   }
   run(p.data_ptr<float>());

@@ -51,6 +51,7 @@ __all__ = ["available", "isa", "tile_blocks", "unavailable_reason", "small_linea
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 _ATTENTION_SOURCE = Path(__file__).with_name("cpu_attention.cpp")  # built into the same extension (cpu_attention.py)
+_ARGMAX_SOURCE = Path(__file__).with_name("cpu_argmax.cpp")  # built into the same extension (cpu_argmax.py)
 _LOCK = threading.Lock()
 _EXT = None  # the loaded extension module
 _REASON: str | None = None  # why it is unavailable (None: not tried yet, or available)
@@ -73,7 +74,7 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
     """Compile (or load the cached build of) ``cpu_gemm.cpp``; ``variant``/``defines``/``source``:
     another build, with preprocessor switches or of another version of the source (benchmarks only).
     Built for the best of :data:`ISAS` this CPU has; the extension of ``cpu_gemm.cpp`` itself also
-    holds ``cpu_attention.cpp`` (another revision's source is built alone)."""
+    holds ``cpu_attention.cpp`` and ``cpu_argmax.cpp`` (another revision's source is built alone)."""
     import sys
 
     from torch.utils.cpp_extension import load
@@ -86,7 +87,7 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
     # the source's hash in the folder: a new source never rebuilds over a library a running process has loaded
-    sources = [Path(source)] + ([_ATTENTION_SOURCE] if Path(source) == _SOURCE else [])
+    sources = [Path(source)] + ([_ATTENTION_SOURCE, _ARGMAX_SOURCE] if Path(source) == _SOURCE else [])
     digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources)).hexdigest()[:10]
     isa = _machine_isa()
     isa_flags = next(cflags for name, _, cflags in ISAS if name == isa)

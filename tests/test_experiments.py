@@ -148,7 +148,7 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention or tiles"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, head or tiles"):
         ab.sides("cache", None, "")
 
 
@@ -179,6 +179,21 @@ def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch)
         if cpu_attention.available():
             assert bool(taken) == (t is shipped)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_step_ab_head_sides_differ_only_in_the_greedy_head():
+    ab = _script("compiled_step_ab")
+    from conftest import make_tiny_model
+
+    (full, _), (screened, _) = ab.sides("head", make_tiny_model("llama"), "").values()
+    assert (full.runtime.greedy_head, screened.runtime.greedy_head) == ("full", "screened")
+    assert full.runtime.compile and screened.runtime.compile
+
+
+def test_cost_curve_fullhead_paths():
+    cc = _script("cost_curve")
+    assert cc.parse_path("static-compiled-fullhead").greedy_head == "full"
+    assert cc.parse_path("static-compiled").greedy_head == "screened"
 
 
 def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():

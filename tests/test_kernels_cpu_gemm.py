@@ -161,7 +161,7 @@ def test_each_instruction_set_form_of_the_source_compiles(isa):
         pytest.skip("no C++ compiler")
     flags = next(cflags for name, _, cflags in cpu_gemm.ISAS if name == isa)
     includes = [f"-I{d}" for d in [*include_paths(), sysconfig.get_paths()["include"]]]
-    for source in (cpu_gemm._SOURCE, cpu_gemm._ATTENTION_SOURCE):  # the extension's two files
+    for source in (cpu_gemm._SOURCE, cpu_gemm._ATTENTION_SOURCE, cpu_gemm._ARGMAX_SOURCE):  # the extension's files
         run = subprocess.run([cxx, "-fsyntax-only", "-std=c++17", "-fopenmp", *flags, *includes,
                               "-DTORCH_EXTENSION_NAME=check", str(source)], capture_output=True, text=True)
         assert run.returncode == 0, (source.name, run.stderr[-2000:])
@@ -179,6 +179,19 @@ def test_bfloat16_outputs_are_the_float32_fma_chain_rounded_once(M, K, N):
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
     assert torch.equal(y, _fma_chain(x.float(), w.float(), b.float()).bfloat16())
     assert torch.equal(y, torch.cat([cpu_gemm.small_linear(x[m:m + 1], w, b) for m in range(M)]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,K,N", [(1, 23, 19), (12, 40, 67)])
+def test_float32_x_with_bfloat16_weights_gives_the_float32_chain_unrounded(M, K, N):
+    """The mixed form (kernels/cpu_argmax.py's screen): float32 x against a bf16 packed copy gives
+    float32 outputs, the FMA chain over the widened weights, not rounded to bf16."""
+    gen = torch.Generator().manual_seed(13)
+    x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen).bfloat16()
+    ext = cpu_gemm._load()
+    y = ext.packed_linear(x, ext.pack(w), N, None)
+    assert y.dtype == torch.float32 and y.shape == (M, N)
+    assert torch.equal(y, _fma_chain(x, w.float(), torch.zeros(N)))
 
 
 @needs_kernel

@@ -10,7 +10,8 @@ from eagle.runtime import RuntimeConfig
 @pytest.mark.parametrize("bad, msg", [({"cache": "paged"}, "runtime.cache"), ({"dtype": "int8"}, "runtime.dtype"),
                                       ({"buckets": [8, 4]}, "runtime.buckets"), ({"buckets": []}, "runtime.buckets"),
                                       ({"buckets": [0, 4]}, "runtime.buckets"),
-                                      ({"cache": "dynamic", "compile": True}, "runtime.compile")])
+                                      ({"cache": "dynamic", "compile": True}, "runtime.compile"),
+                                      ({"greedy_head": "bf16"}, "runtime.greedy_head")])
 def test_runtime_config_errors(bad, msg):
     cfg = from_dict(DecodeConfig, {"runtime": bad})
     with pytest.raises(ConfigError, match=msg):

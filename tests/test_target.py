@@ -14,6 +14,7 @@ from eagle.kv import SlotCache
 from eagle.runtime import RuntimeConfig
 from eagle.target import pad_tree
 from eagle.tree import Tree
+from eagle_kernels import cpu_argmax
 
 from conftest import (ARCHS, GEMMA_WINDOW, MISTRAL_WINDOW, TINY_VOCAB, RandomTreeDrafter, make_random_tree,
                       random_parents)
@@ -266,6 +267,39 @@ def test_greedy_decoder_matches_generate(arch, kind, cache_kind, tiny_model):
             assert st.target_forwards >= (N_NEW - 1) / 1.2
             assert any(len(t) > 1 and max(len(c) for c in t.children()) > 1 and int(t.depth.max()) > 1
                        for t in drafter.proposed)  # really non-uniform trees
+
+
+@pytest.mark.parametrize("cache_kind", CACHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_argmax_without_the_logits_equals_theirs(arch, cache_kind, tiny_model):
+    """``TreeOutput.greedy()``: through the bfloat16 screen of the head (kernels/cpu_argmax.py)
+    where it applies, without computing the logits, and equal to their argmax; ``greedy_head:
+    full`` computes them."""
+    model = tiny_model(arch)
+    gen = torch.Generator().manual_seed(arch_seed(arch) + 40)
+    prefix = torch.randint(0, V, (PREFIX,), generator=gen)
+    tree = deep_random_tree(gen)
+    for head in ("screened", "full"):
+        target = Target(model, "reference", RuntimeConfig(cache=cache_kind, greedy_head=head))
+        screened = head == "screened" and cpu_argmax.available() and not target.softcap
+        cache = target.new_cache()
+        first = target.prefill(prefix, cache)
+        out = target.tree_forward(tree, cache)
+        best, root = out.greedy(), first.greedy()
+        assert (out._logits is None) == screened and (first._logits is None) == screened, head
+        assert best.shape == (len(tree),) and root.shape == (1,)
+        assert torch.equal(best, out.logits.argmax(dim=-1)) and int(root) == int(first.logits[-1].argmax())
+
+
+@pytest.mark.skipif(not cpu_argmax.available(), reason="no CPU extension")
+@pytest.mark.parametrize("cache_kind", CACHES)
+def test_greedy_decoding_computes_no_logits_where_the_screen_applies(cache_kind, tiny_model, monkeypatch):
+    model = tiny_model("llama")
+    prompt = torch.randint(0, V, (PREFIX,), generator=torch.Generator().manual_seed(3))
+    expected = reference_generate(model, "llama", prompt)
+    target = Target(model, "reference", RuntimeConfig(cache=cache_kind))
+    monkeypatch.setattr(Target, "logits", lambda self, hidden: pytest.fail("a greedy step computed the logits"))
+    assert TreeDecoder(target, make_drafter("random", target, seed=3)).generate(prompt, N_NEW).tokens == expected
 
 
 # ------------------------------------------------------------------------------------------------
