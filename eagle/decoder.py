@@ -144,9 +144,10 @@ class TreeDecoder:
         target = model if isinstance(model, Target) else Target(model, config.attention, config.runtime)
         return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
 
-    def _pick(self, logits: torch.Tensor, sampling: Sampling) -> int:
-        if sampling.greedy:
-            return int(logits.argmax())
+    @staticmethod
+    def _sample(logits: torch.Tensor, sampling: Sampling) -> int:
+        """One token drawn from ``logits (V,)`` at the sampling settings (greedy steps take
+        ``TreeOutput.greedy()`` instead)."""
         probs = probs_from_logits(logits, sampling.temperature, sampling.top_p).cpu()
         return int(torch.multinomial(probs, 1, generator=sampling.generator))
 
@@ -189,7 +190,7 @@ class TreeDecoder:
         cache = target.new_cache(len(ids) + max_new_tokens + target.runtime.buckets[-1])
         layers = drafter.feature_layers  # EAGLE-3: fused low/mid/high target layers, else the final feature
         out = target.prefill(ids, cache, layers)
-        root = int(out.greedy()[-1]) if sampling.greedy else self._pick(out.logits[-1], sampling)
+        root = int(out.greedy()[-1]) if sampling.greedy else self._sample(out.logits[-1], sampling)
         drafter.reset(ids)
         drafter.extend(out.features, torch.cat([ids[1:], ids.new_tensor([root])]))
         stats.prefill_s = time.perf_counter() - t0
