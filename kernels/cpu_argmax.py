@@ -44,10 +44,7 @@ _LOCK = threading.Lock()
 def _op():
     global _OP
     if _OP is None:
-        ext = cpu_gemm._load()
-        if ext is None:
-            return None
-        _OP = getattr(torch.ops, ext.__name__).screened_argmax
+        _OP = cpu_gemm.extension_op("screened_argmax")
     return _OP
 
 

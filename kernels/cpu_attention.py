@@ -39,16 +39,10 @@ def available() -> bool:
 def _op():
     global _OP
     if _OP is None:
-        ext = cpu_gemm._load()
-        if ext is None:
-            return None
-        name = f"{ext.__name__}::masked_attention"
-
         def fake(q, k, v, mask, scale):
             return q.new_empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])  # (B, T, Hq, D)
 
-        torch.library.register_fake(name, fake)
-        _OP = getattr(torch.ops, ext.__name__).masked_attention
+        _OP = cpu_gemm.extension_op("masked_attention", fake)
     return _OP
 
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
-__all__ = ["available", "isa", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
+__all__ = ["available", "extension_op", "isa", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
            "packed_op", "HeldWeight", "held_op", "held_mkl_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
@@ -191,6 +191,18 @@ def tile_blocks() -> int:
     unavailable)."""
     ext = _load()
     return 1 if ext is None else int(ext.tile_blocks())
+
+
+def extension_op(name: str, fake=None):
+    """``torch.ops.<extension>.<name>``, an op the extension's sources register (the attention and
+    argmax ops), with ``fake`` registered as its shape function for tracing; ``None`` where the
+    extension is not available."""
+    ext = _load()
+    if ext is None:
+        return None
+    if fake is not None:
+        torch.library.register_fake(f"{ext.__name__}::{name}", fake)
+    return getattr(getattr(torch.ops, ext.__name__), name)
 
 
 def available() -> bool:
