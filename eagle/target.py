@@ -282,12 +282,14 @@ class Target:
             return cpu_argmax.screened_argmax(hidden, weight)
         return None
 
-    def _output(self, hidden: torch.Tensor, fused: torch.Tensor | None, head_rows: torch.Tensor | None = None):
-        """The :class:`TreeOutput` of rows ``hidden (T, H)``; ``head_rows``: the rows the LM head
-        runs over when they are more (a whole bucket: the first T of its logits are kept)."""
-        T = hidden.shape[0]
-        rows = hidden if head_rows is None else head_rows
-        return TreeOutput(hidden, fused, lambda: self.logits(rows)[:T], lambda: self._screened_argmax(hidden))
+    def _output(self, hidden: torch.Tensor, fused: torch.Tensor | None, head_in: torch.Tensor,
+                keep: int | None = None) -> TreeOutput:
+        """The :class:`TreeOutput` of features ``hidden`` and ``fused``, whose LM head runs over the
+        rows ``head_in`` and keeps the first ``keep`` (default: all) of their logits: a prefill's last
+        position, or a padded bucket of which the tree's T rows are kept (MKL packs for the bucket)."""
+        keep = head_in.shape[0] if keep is None else keep
+        return TreeOutput(hidden, fused, lambda: self.logits(head_in)[:keep],
+                          lambda: self._screened_argmax(head_in[:keep]))
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, layers: tuple[int, ...] | None = None,
              base=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -348,7 +350,7 @@ class Target:
             start = cache.get_seq_length()
             pos = torch.arange(start, start + len(ids), device=ids.device)
             hidden, fused = self._run(ids, pos, cache, None, layers)  # (N, H), (N, k*H)
-            return self._prefill_output(hidden, fused)
+            return self._output(hidden, fused, hidden[-1:])  # the LM head of the last position only
         start, N = cache.length, len(ids)
         cache.reserve(start + N)
         pos = torch.arange(start, start + N, device=ids.device)  # (N,)
@@ -357,12 +359,7 @@ class Target:
         hidden, fused = self._run(ids, pos, cache, self._masks(allowed, pos, key_pos), layers, cache_slots=pos,
                                   cache_kv_len=start + N)
         cache.advance(N)
-        return self._prefill_output(hidden, fused)
-
-    def _prefill_output(self, hidden: torch.Tensor, fused: torch.Tensor | None) -> TreeOutput:
-        # every position's features, the LM head of the last position only
-        last = hidden[-1:]
-        return TreeOutput(hidden, fused, lambda: self.logits(last), lambda: self._screened_argmax(last))
+        return self._output(hidden, fused, hidden[-1:])
 
     @torch.no_grad()
     def tree_forward(self, tree: Tree, cache, layers: tuple[int, ...] | None = None) -> TreeOutput:
@@ -384,7 +381,7 @@ class Target:
         extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
         mask = self._tree_masks(tree.ancestor_mask().to(self.device), prefix_len, positions)
         hidden, fused = self._run(tokens, positions, cache, mask, layers, **extra)
-        return self._output(hidden, fused)
+        return self._output(hidden, fused, hidden)
 
     def _tree_forward_static(self, tree: Tree, cache: SlotCache, layers: tuple[int, ...] | None) -> TreeOutput:
         P, T, dev = cache.length, len(tree), self.device
@@ -413,7 +410,7 @@ class Target:
         # with MKL's packed GEMM, the LM head runs over the whole bucket: a fixed row count it packs
         # for (8 rows ~10 ms, against ~20 ms for 5 rows unpacked); the padding rows are dropped after
         return self._output(hidden[:T], None if fused is None else fused[:T],  # padding rows dropped
-                            hidden if size in self.packed_rows else None)
+                            hidden if size in self.packed_rows else hidden[:T], T)
 
     def _compiled_step(self, size: int, layers: tuple[int, ...] | None = None):
         """The compiled forward of a ``size``-node step (compiled on its first call, then reused;

@@ -328,7 +328,7 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   TORCH_CHECK(x_in.dim() >= 1 && p.dim() == 3 && p.size(2) == LANES && x_in.size(-1) == p.size(1),
               "packed_linear: x (..., K) and a packed weight (blocks, K, 16)");
   const bool bf16 = p.scalar_type() == at::kBFloat16;  // bfloat16 weights; float32 arithmetic
-  // float32 x with bfloat16 weights: a float32 y, not rounded (the screen of eagle/screen.py, whose
+  // float32 x with bfloat16 weights: a float32 y, not rounded (the screen of kernels/cpu_argmax.py, whose
   // error bound counts only the weights' rounding)
   const bool mixed = bf16 && x_in.scalar_type() == at::kFloat;
   TORCH_CHECK((x_in.scalar_type() == at::kFloat && p.scalar_type() == at::kFloat) ||
