@@ -262,12 +262,12 @@ def main(argv=None) -> int:
     ap.add_argument("--products", action="store_true", help="with --what tiles: the products alone")
     ap.add_argument("--target", default="smollm2-135m")
     args = ap.parse_args(argv)
+    from eagle.cliargs import positive_ints
+
     try:
-        sizes = [int(s) for s in args.sizes.split(",")]
-        if not sizes or min(sizes) < 1:
-            raise ValueError
-    except ValueError:
-        raise SystemExit(f"--sizes must be positive integers separated by commas, got '{args.sizes}'")
+        sizes = positive_ints(args.sizes, "--sizes")
+    except ValueError as e:
+        raise SystemExit(str(e))
     if args.products:
         if args.what != "tiles":
             raise SystemExit("--products goes with --what tiles")

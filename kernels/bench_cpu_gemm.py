@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 import torch.nn.functional as F
 
+from eagle.cliargs import positive_ints
 from eagle_kernels import cpu_gemm
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
@@ -111,6 +112,14 @@ def against(weights, rows, rounds: int, gen, rev: str) -> int:
     return 0
 
 
+def gemm_rate(rounds: int, n: int = 1024) -> float:
+    """G multiply-adds/s of MKL's float32 GEMM on two n x n matrices (in cache, all threads): about
+    the best the machine's vector units do, the ceiling any row count can approach."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    med = _rotating_medians({"mm": lambda: [a @ b for _ in range(10)]}, rounds)["mm"]
+    return 10 * n ** 3 / (med / 1e3) / 1e9
+
+
 def roofline(weights, rows, rounds: int, gen, bw: float, calls: int = 4000) -> int:
     """The kernel's arithmetic ceiling next to the memory's: per row count, its multiply-add rate on
     weights that stay in cache (384 x 576, ~0.9 MB, half per thread, within each core's L2), the
@@ -121,6 +130,7 @@ def roofline(weights, rows, rounds: int, gen, bw: float, calls: int = 4000) -> i
     macs = sum(w.numel() for w in weights)  # multiply-adds per row
     mb = macs * 4 / 1e6
     print(f"# memory read {bw:.1f} GB/s: {mb:.0f} MB of weights = {mb / bw:.1f} ms per step at any row count")
+    print(f"# the machine's float32 arithmetic, MKL's GEMM of 1024 x 1024 in cache: {gemm_rate(rounds):.0f} G multiply-adds/s")
     print("| rows | kernel in cache, G multiply-adds/s | memory bound, ms | arithmetic bound, ms | bound, ms "
           "| measured, ms | measured / bound |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -149,16 +159,14 @@ def main(argv=None) -> int:
                     help="instead: the kernel against a build of it without the weight prefetch, same weights")
     ap.add_argument("--roofline", action="store_true",
                     help="instead: the kernel's in-cache arithmetic rate per row count and the bound it and "
-                         "the memory set on a step's products")
+                         "the memory set on a step's products (and MKL's in-cache GEMM rate, for scale)")
     ap.add_argument("--against", metavar="REV",
                     help="instead: this kernel against the cpu_gemm.cpp of a git revision, same weights")
     args = ap.parse_args(argv)
     try:
-        rows = [int(r) for r in args.rows.split(",")]
-        if not rows or min(rows) < 1:
-            raise ValueError
-    except ValueError:
-        print(f"error: --rows must be positive integers separated by commas, got '{args.rows}'", file=sys.stderr)
+        rows = positive_ints(args.rows, "--rows")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if not cpu_gemm.available():
         print(f"error: the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}", file=sys.stderr)

@@ -196,6 +196,36 @@ def test_cost_curve_fullhead_paths():
     assert cc.parse_path("static-compiled").greedy_head == "screened"
 
 
+@pytest.mark.parametrize("bad", ["", "1,x", "0,4", "4,", "-1"])
+def test_positive_ints_name_the_flag(bad):
+    from eagle.cliargs import positive_ints
+
+    assert positive_ints("1,4,16", "--rows") == [1, 4, 16]
+    with pytest.raises(ValueError, match=f"--sizes must be positive integers separated by commas, got '{bad}'"):
+        positive_ints(bad, "--sizes")
+
+
+def test_bench_cpu_gemm_rejects_bad_rows(capsys):
+    from eagle_kernels import bench_cpu_gemm
+
+    assert bench_cpu_gemm.main(["--rows", "1,x"]) == 2
+    assert "--rows must be positive integers separated by commas, got '1,x'" in capsys.readouterr().err
+
+
+def test_greedy_head_screen_counts_what_the_bound_keeps():
+    """The script's candidate rule is the op's: the exact argmax is always among the candidates, and
+    a head of near-copies of one row leaves several where a spread-out head leaves one."""
+    gs = _script("greedy_head_screen")
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(6, 64, generator=gen)
+    spread = torch.randn(500, 64, generator=gen)
+    near = torch.randn(64, generator=gen) + 1e-4 * torch.randn(500, 64, generator=gen)
+    assert all(c >= 1 for c in gs.candidate_counts(hidden, spread))
+    assert min(gs.candidate_counts(hidden, near)) > 1
+    with pytest.raises(SystemExit, match="--rows must be positive integers"):
+        gs.main(["--rows", "0"])
+
+
 def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
     """The scope A/B's premise: a copy of a function with its own code object computes the same
     and is not the original's code (dynamo keys its graphs on the code object)."""

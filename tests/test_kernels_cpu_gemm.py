@@ -284,7 +284,10 @@ def test_bench_roofline_rows_take_the_larger_bound(capsys):
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]
     assert bench.roofline(weights, [1, 4], rounds=1, gen=gen, bw=0.5, calls=40) == 0
-    rows = [r.split("|")[1:-1] for r in capsys.readouterr().out.splitlines() if r.startswith("| 1 |") or r.startswith("| 4 |")]
+    out = capsys.readouterr().out
+    gemm = [line for line in out.splitlines() if "MKL's GEMM of 1024 x 1024 in cache" in line]
+    assert len(gemm) == 1 and float(gemm[0].split(": ")[1].split()[0]) > 0
+    rows = [r.split("|")[1:-1] for r in out.splitlines() if r.startswith("| 1 |") or r.startswith("| 4 |")]
     assert len(rows) == 2
     mb = (64 * 576 + 32 * 1536) * 4 / 1e6
     for r in rows:
