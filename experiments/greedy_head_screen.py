@@ -1,13 +1,15 @@
 """The LM head's argmax through a bfloat16 screen (kernels/cpu_argmax.py) on its own: how many tokens
-the error bound leaves to recompute on a real model's hidden states, and the op's time against the
-float32 head's product then argmax, with the head evicted from the caches before every call (as in a
-step, which streams all other weights in between).
+each screen's error bound leaves to recompute on a real model's hidden states, and the op's time
+(each screen: the small-row kernel's, oneDNN's) against the float32 head's product then argmax,
+with the head evicted from the caches before every call (as in a step, which streams all other
+weights in between).
 
-    python experiments/greedy_head_screen.py --rows 1,8,16,32
+    python experiments/greedy_head_screen.py --rows 1,8,16,32,64
 
 Candidates: per position of the bench's 12 chat prompts (joined, first ``--positions`` tokens), the
 tokens whose screened logit plus its bound reaches the best screened logit minus its bound (the
-op's rule, computed here in float64). Times: the best of ``--repeats`` alternating calls.
+op's rule and coefficient, on the screen's own values, in float64). Times: the best of
+``--repeats`` alternating calls.
 """
 from __future__ import annotations
 
@@ -22,15 +24,29 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def candidate_counts(hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
-    """Per row of ``hidden (T, K)``: how many of ``weight``'s V rows the screen's bound cannot rule out."""
+def screen_values(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> torch.Tensor:
+    """``(T, V)`` float64: the screen the op computes for ``way`` ("kernel" or "onednn")."""
+    from eagle_kernels import cpu_argmax, cpu_gemm
+
+    if way == "onednn":
+        held, _ = cpu_argmax._held(weight)
+        return cpu_gemm.held_op(hidden.bfloat16(), held.slot, weight.shape[0]).double()
+    packed, _ = cpu_argmax._copies(weight)
+    return cpu_gemm._load().packed_linear(hidden, packed, weight.shape[0], None).double()
+
+
+def candidate_counts(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> list[int]:
+    """Per row of ``hidden (T, K)``: how many of ``weight``'s V rows the bound of ``way``'s screen
+    cannot rule out."""
+    from eagle_kernels import cpu_argmax
+
     K = weight.shape[1]
-    u, g = 2.0 ** -8, K * 2.0 ** -24 / (1 - K * 2.0 ** -24)
-    coef = u + g * (1 + u)
-    w_bf, norms = weight.bfloat16().double(), weight.double().norm(dim=1)  # (V, K), (V,)
+    coef = cpu_argmax._op("screen_coef")(K, way == "onednn")
+    norms = weight.double().norm(dim=1)  # (V,)
     counts = []
-    for h in hidden.double():
-        s, b = w_bf @ h, coef * h.norm() * norms  # (V,) screen and bound
+    for h, s in zip(hidden.double(), screen_values(hidden, weight, way)):
+        a = 2.0 ** -100 * (K + 1) * (1 + h.norm())
+        b = coef * h.norm() * norms + a * (1 + norms)  # (V,) the bound
         counts.append(int(((s + b) >= (s - b).max()).sum()))
     return counts
 
@@ -61,26 +77,39 @@ def main(argv=None) -> int:
     ids = torch.tensor(tok(text)["input_ids"][: args.positions])[None]
     with torch.no_grad():
         hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # (N, K)
-    counts = candidate_counts(hidden, weight)
-    print(f"candidates over {len(counts)} positions (of {weight.shape[0]} tokens): mean {statistics.mean(counts):.1f}, "
-          f"median {statistics.median(counts):.0f}, max {max(counts)}")
+    ways = ["kernel"] + (["onednn"] if cpu_argmax._onednn() else [])
+    for way in ways:
+        counts = candidate_counts(hidden, weight, way)
+        print(f"{way} screen: candidates over {len(counts)} positions (of {weight.shape[0]} tokens): mean "
+              f"{statistics.mean(counts):.1f}, median {statistics.median(counts):.0f}, max {max(counts)}")
     if max(rows) > hidden.shape[0]:
         raise SystemExit(f"--rows up to {hidden.shape[0]} (the positions available)")
     flush = torch.ones(200_000_000)  # 800 MB read between calls: the head leaves the caches
-    print("| rows | every logit then argmax, ms | screen, ms | ratio |")
-    print("|---:|---:|---:|---:|")
+
+    def screen(h, way):
+        cpu_argmax.WAY = way
+        try:
+            return cpu_argmax.screened_argmax(h, weight)
+        finally:
+            cpu_argmax.WAY = "measure"
+
+    print("| rows | every logit then argmax, ms | " + " | ".join(f"{w} screen, ms (ratio)" for w in ways) + " |")
+    print("|---:|---:|" + "---:|" * len(ways))
     for r in rows:
         h = hidden[:r].contiguous()
-        ways = {"full": lambda: project(h, weight).argmax(dim=-1), "screen": lambda: cpu_argmax.screened_argmax(h, weight)}
-        assert torch.equal(ways["full"](), ways["screen"]())
-        best = dict.fromkeys(ways, float("inf"))
+        fns = {"full": lambda: project(h, weight).argmax(dim=-1)}
+        fns.update({w: (lambda w=w: screen(h, w)) for w in ways})
+        expected = fns["full"]()
+        assert all(torch.equal(expected, fns[w]()) for w in ways)
+        best = dict.fromkeys(fns, float("inf"))
         for _ in range(args.repeats):
-            for name, fn in ways.items():
+            for name, fn in fns.items():
                 flush.sum()
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], 1000 * (time.perf_counter() - t0))
-        print(f"| {r} | {best['full']:.2f} | {best['screen']:.2f} | {best['screen'] / best['full']:.2f}x |")
+        cells = " | ".join(f"{best[w]:.2f} ({best[w] / best['full']:.2f}x)" for w in ways)
+        print(f"| {r} | {best['full']:.2f} | {cells} |")
     return 0
 
 

@@ -2,25 +2,32 @@
 built into the extension of ``cpu_gemm.cpp``): what a greedy decoding or verification step needs
 of the head, reading half its bytes.
 
-Greedy steps use only each row's argmax. The op multiplies the rows by a bfloat16 copy of the head
-(the small-row kernel, float32 arithmetic), bounds each screened logit's error (the weights'
-rounding, ``2^-8 |w|`` each, and the float32 sum's; Cauchy-Schwarz over the row norms), keeps the
-tokens whose bound reaches the best lower bound (1.9 of SmolLM2's 49,152 on average) and recomputes
-those in double precision from the float32 head. The result is the argmax of the exact logits
-(lowest index on a tie), which a float32 ``F.linear`` also gives unless two logits lie within its
-own rounding of each other.
+Greedy steps use only each row's argmax. The op multiplies the rows by a bfloat16 copy of the head,
+bounds each screened logit's error (the operands' rounding, ``2^-8`` of each, and the float32
+sum's; Cauchy-Schwarz over the row norms), keeps the tokens whose bound reaches the best lower bound
+(a few of SmolLM2's 49,152) and recomputes those in double precision from the float32 head. The
+result is the argmax of the exact logits (lowest index on a tie), whichever screen ran, which a
+float32 ``F.linear`` also gives unless two logits lie within its own rounding of each other.
+
+Two screens (two ways to the same result): ``"kernel"``, the small-row kernel on float32 rows
+(float32 arithmetic on the widened bf16 copy: the tightest bound, but bound by arithmetic from
+~16 rows), and ``"onednn"``, oneDNN's bfloat16 GEMM on bf16-rounded rows (AMX or AVX512-BF16 where
+the CPU has them: 64 rows cost about what one does; a bound three times wider, so a few more
+candidates). :func:`way` measures both once per process, head shape and row bucket and keeps the
+faster (:data:`WAY` overrides).
 
 As for the other kernels:
 
 * :func:`screened_argmax`: the fast path (falls back to the reference where it does not apply);
-  :func:`applies` says whether it takes a call; the bfloat16 copy and the row norms are made on
-  first use and kept while the head lives (56 MB for SmolLM2);
+  :func:`applies` says whether it takes a call; the bfloat16 copies and the row norms are made on
+  first use and kept while the head lives (56 MB for SmolLM2 per way used);
 * :func:`screened_argmax_reference`: the logits in float64, then argmax: the obviously-correct version;
 * :func:`available`: whether the extension built on this machine (``cpu_gemm.available``).
 """
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -28,24 +35,37 @@ from eagle.weightmemo import WeightMemo
 
 from . import cpu_gemm
 
-__all__ = ["MAX_ROWS", "applies", "available", "screened_argmax", "screened_argmax_reference"]
+__all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAY", "applies", "available", "measurements", "screened_argmax",
+           "screened_argmax_reference", "way"]
 
-# rows up to which the screen pays: its products run on the small-row kernel (float32 arithmetic on
-# the widened bf16 copy), which from ~64 rows is bound by arithmetic, not by the bytes it saves
-# (SmolLM2, compiled steps, Intel Xeon with AMX: 0.93x the step's time at 1 row, 0.96x at 16,
-# 0.98x at 32, 1.01x at 64; `experiments/compiled_step_ab.py --what head`)
-MAX_ROWS = 32
+# rows up to which the kernel's screen pays (float32 arithmetic on the widened bf16 copy, bound by
+# arithmetic, not by the bytes it saves, from ~64 rows: SmolLM2, compiled steps, Intel Xeon with AMX:
+# 0.93x the step's time at 1 row, 0.96x at 16, 0.98x at 32, 1.01x at 64;
+# `experiments/compiled_step_ab.py --what head`, before the oneDNN screen)
+KERNEL_MAX_ROWS = 32
+# rows the op takes at most where oneDNN's screen is available (KERNEL_MAX_ROWS where it is not)
+MAX_ROWS = 256
+# which screen: "measure" (the faster on this machine, per row bucket), "kernel" or "onednn"
+# (tests; "onednn" falls back to the kernel where oneDNN's bf16 GEMM is not available)
+WAY = "measure"
 
-_OP = None  # torch.ops.<extension name>.screened_argmax
+_OPS: dict[str, object] = {}  # op name -> torch.ops.<extension name>.<op> (None: not built)
 _COPIES = WeightMemo()  # head -> (its bfloat16 packed copy, its row norms in float64)
+_HELD = WeightMemo()  # head -> (cpu_gemm.HeldWeight of oneDNN's packed bf16 copy, row norms)
+_MEASURED: dict[tuple, dict] = {}  # (V, K, row bucket) -> {"kernel_ms", "onednn_ms", "way"}
 _LOCK = threading.Lock()
 
 
-def _op():
-    global _OP
-    if _OP is None:
-        _OP = cpu_gemm.extension_op("screened_argmax")
-    return _OP
+def _op(name: str = "screened_argmax"):
+    if name not in _OPS:
+        _OPS[name] = cpu_gemm.extension_op(name)
+    return _OPS[name]
+
+
+def _onednn() -> bool:
+    from eagle.packed import onednn_available  # here: eagle.packed imports this package
+
+    return onednn_available() and _op("screened_argmax_held") is not None
 
 
 def available() -> bool:
@@ -55,12 +75,17 @@ def available() -> bool:
 
 def applies(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`screened_argmax` takes these tensors: float32 CPU ``hidden (T, K)`` with at
-    most :data:`MAX_ROWS` rows and ``weight (V, K)``, no autograd, the extension available."""
+    most :data:`MAX_ROWS` rows (:data:`KERNEL_MAX_ROWS` without oneDNN's bf16 GEMM) and
+    ``weight (V, K)``, no autograd, the extension available."""
     return (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]
-            and hidden.shape[0] <= MAX_ROWS
+            and hidden.shape[0] <= (MAX_ROWS if _onednn() else KERNEL_MAX_ROWS)
             and hidden.dtype == torch.float32 and weight.dtype == torch.float32 and hidden.is_cpu and weight.is_cpu
             and not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad))
             and _op() is not None)
+
+
+def _norms(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().double().norm(dim=1)  # (V,)
 
 
 def _copies(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,20 +93,73 @@ def _copies(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if copies is None:
         with _LOCK, torch.no_grad():
             w = weight.detach()
-            copies = _COPIES.put(weight, (cpu_gemm._load().pack(w.to(torch.bfloat16)),  # (blocks, K, 16)
-                                          w.double().norm(dim=1)))  # (V,)
+            copies = _COPIES.put(weight, (cpu_gemm._load().pack(w.to(torch.bfloat16)), _norms(w)))  # (blocks, K, 16)
     return copies
+
+
+def _held(weight: torch.Tensor) -> tuple[cpu_gemm.HeldWeight, torch.Tensor]:
+    held = _HELD.get(weight)
+    if held is None:
+        from eagle.packed import onednn_pack
+
+        with _LOCK, torch.no_grad():
+            w = weight.detach()
+            held = _HELD.put(weight, (cpu_gemm.HeldWeight(onednn_pack(w.to(torch.bfloat16))), _norms(w)))
+    return held
+
+
+def _run(name: str, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if name == "onednn":
+        held, norms = _held(weight)
+        return _op("screened_argmax_held")(hidden, held.slot, weight, norms)
+    packed, norms = _copies(weight)
+    return _op()(hidden, packed, weight, norms)
+
+
+def _bucket(rows: int) -> int:
+    return 1 << max(0, rows - 1).bit_length()  # the power of two >= rows
+
+
+def way(rows: int, weight: torch.Tensor) -> str:
+    """Which screen takes ``rows`` rows against ``weight`` (V, K): ``"kernel"`` or ``"onednn"``.
+    With :data:`WAY` ``"measure"``, both are timed once per process, head shape and row bucket (the
+    power of two >= rows; best of 3, interleaved, on random rows) and the faster is kept; only
+    ``"kernel"`` where oneDNN's bf16 GEMM is not available, only ``"onednn"`` past
+    :data:`KERNEL_MAX_ROWS` rows."""
+    if not _onednn():
+        return "kernel"
+    if WAY != "measure":
+        return WAY
+    bucket = _bucket(rows)
+    if bucket > KERNEL_MAX_ROWS:
+        return "onednn"
+    key = (*weight.shape, bucket)
+    if key not in _MEASURED:
+        x = torch.randn(bucket, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        times = {"kernel": [], "onednn": []}
+        for _ in range(4):  # round 0 makes the copies
+            for name, ts in times.items():
+                t0 = time.perf_counter()
+                _run(name, x, weight)
+                ts.append(time.perf_counter() - t0)
+        ms = {name: 1000 * min(ts[1:]) for name, ts in times.items()}
+        _MEASURED[key] = {"kernel_ms": ms["kernel"], "onednn_ms": ms["onednn"], "way": min(ms, key=ms.get)}
+    return _MEASURED[key]["way"]
+
+
+def measurements() -> dict[tuple, dict]:
+    """What :func:`way` measured: ``(V, K, row bucket) -> {"kernel_ms", "onednn_ms", "way"}``."""
+    return dict(_MEASURED)
 
 
 def screened_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``argmax_j hidden[t] . weight[j]`` for every row -> ``(T,)`` int64: the argmax of the exact
-    logits ``hidden (T, K) @ weight (V, K).T`` (module docstring). Falls back to
-    :func:`screened_argmax_reference` where :func:`applies` is false, and for rows that are not
-    finite."""
+    logits ``hidden (T, K) @ weight (V, K).T`` (module docstring), through the screen :func:`way`
+    picks. Falls back to :func:`screened_argmax_reference` where :func:`applies` is false, and for
+    rows that are not finite."""
     if not applies(hidden, weight):
         return screened_argmax_reference(hidden, weight)
-    packed, norms = _copies(weight)
-    best = _op()(hidden, packed, weight, norms)  # (T,); -1: a row whose screen is not finite
+    best = _run(way(hidden.shape[0], weight), hidden, weight)  # (T,); -1: a row whose screen is not finite
     bad = best < 0
     if bool(bad.any()):
         best[bad] = screened_argmax_reference(hidden[bad], weight)
