@@ -269,12 +269,16 @@ def test_greedy_decoder_matches_generate(arch, kind, cache_kind, tiny_model):
                        for t in drafter.proposed)  # really non-uniform trees
 
 
+@pytest.mark.parametrize("way", ["kernel", "onednn"])
 @pytest.mark.parametrize("cache_kind", CACHES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_argmax_without_the_logits_equals_theirs(arch, cache_kind, tiny_model):
-    """``TreeOutput.greedy()``: through the bfloat16 screen of the head (kernels/cpu_argmax.py)
-    where it applies, without computing the logits, and equal to their argmax; ``greedy_head:
-    full`` computes them."""
+def test_greedy_argmax_without_the_logits_equals_theirs(arch, cache_kind, way, tiny_model, monkeypatch):
+    """``TreeOutput.greedy()``: through the bfloat16 screen of the head (kernels/cpu_argmax.py; each
+    of its two screens) where it applies, without computing the logits, and equal to their argmax;
+    ``greedy_head: full`` computes them."""
+    if way == "onednn" and not (cpu_argmax.available() and cpu_argmax._onednn()):
+        pytest.skip("no oneDNN bfloat16 GEMM")
+    monkeypatch.setattr(cpu_argmax, "WAY", way)
     model = tiny_model(arch)
     gen = torch.Generator().manual_seed(arch_seed(arch) + 40)
     prefix = torch.randint(0, V, (PREFIX,), generator=gen)
