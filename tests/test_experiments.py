@@ -213,15 +213,20 @@ def test_bench_cpu_gemm_rejects_bad_rows(capsys):
 
 
 def test_greedy_head_screen_counts_what_the_bound_keeps():
-    """The script's candidate rule is the op's: the exact argmax is always among the candidates, and
-    a head of near-copies of one row leaves several where a spread-out head leaves one."""
+    """The script's candidate rule is the op's, for each screen: the exact argmax is always among the
+    candidates, and a head of near-copies of one row leaves several where a spread-out head leaves few."""
+    from eagle_kernels import cpu_argmax
+
+    if not cpu_argmax.available():
+        pytest.skip("no CPU extension")
     gs = _script("greedy_head_screen")
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(6, 64, generator=gen)
     spread = torch.randn(500, 64, generator=gen)
     near = torch.randn(64, generator=gen) + 1e-4 * torch.randn(500, 64, generator=gen)
-    assert all(c >= 1 for c in gs.candidate_counts(hidden, spread))
-    assert min(gs.candidate_counts(hidden, near)) > 1
+    for way in ["kernel"] + (["onednn"] if cpu_argmax._onednn() else []):
+        counts = gs.candidate_counts(hidden, spread, way)
+        assert all(c >= 1 for c in counts) and min(gs.candidate_counts(hidden, near, way)) > max(counts), way
     with pytest.raises(SystemExit, match="--rows must be positive integers"):
         gs.main(["--rows", "0"])
 
