@@ -50,6 +50,7 @@ MAX_ROWS = 256
 WAY = "measure"
 
 _OPS: dict[str, object] = {}  # op name -> torch.ops.<extension name>.<op> (None: not built)
+_ONEDNN: bool | None = None  # whether the oneDNN screen runs here (None: not asked yet)
 _COPIES = WeightMemo()  # head -> (its bfloat16 packed copy, its row norms in float64)
 _HELD = WeightMemo()  # head -> (cpu_gemm.HeldWeight of oneDNN's packed bf16 copy, row norms)
 _MEASURED: dict[tuple, dict] = {}  # (V, K, row bucket) -> {"kernel_ms", "onednn_ms", "way"}
@@ -63,9 +64,13 @@ def _op(name: str = "screened_argmax"):
 
 
 def _onednn() -> bool:
-    from eagle.packed import onednn_available  # here: eagle.packed imports this package
+    """Whether the oneDNN screen runs here (asked once: every greedy step asks)."""
+    global _ONEDNN
+    if _ONEDNN is None:
+        from eagle.packed import onednn_available  # here: eagle.packed imports this package
 
-    return onednn_available() and _op("screened_argmax_held") is not None
+        _ONEDNN = onednn_available() and _op("screened_argmax_held") is not None
+    return _ONEDNN
 
 
 def available() -> bool:
