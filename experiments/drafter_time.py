@@ -11,6 +11,14 @@ each, and the median / min are printed per ``drafter.dtype``. Also the core prod
 ``--compiled-levels`` also times each dtype with the head's tree levels compiled (what
 ``runtime.compile`` does to the drafter; the target itself stays eager here), with the compile time
 of its graphs and whether its trees equal the eager drafter's.
+
+``--in-loop N``: instead, ``propose`` inside real decoding (the config as it is, its runtime
+included) of the first N chat prompts of experiments/prompts/chat-small.jsonl: each step's
+``propose`` right after the target's verification, the same ``propose`` again right after it (state
+restored), and again after reading 800 MB (the caches flushed), medians over all steps. What the
+drafter pays for its working set coming back from memory after each verification.
+
+    python experiments/drafter_time.py --config experiments/configs/eagle2-cpu.yaml --in-loop 8
 """
 from __future__ import annotations
 
@@ -76,6 +84,43 @@ def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
     return _timed(once, repeats), trees, sum(getattr(d, "compile_s", {}).values())
 
 
+def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 128) -> dict[str, list[float]]:
+    """ms per ``propose`` during real decoding of ``prompts``: ``after_verify`` (as decoding runs it),
+    ``repeated`` (the same call again at once, the drafter state restored) and ``after_flush`` (again,
+    after an 800 MB read). Every call drafts the same tree; the last one's is used."""
+    from eagle.decoder import TreeDecoder
+    from eagle.prompts import encode_chat
+    from eagle.target import Target
+
+    dec = TreeDecoder.from_config(model, config)
+    d = dec.drafter
+    real, flush = d.propose, torch.ones(200_000_000)  # 800 MB
+    out: dict[str, list[float]] = {"after_verify": [], "repeated": [], "after_flush": []}
+
+    def measured(root, sampling):
+        c, f, x = d.cache.get_seq_length(), list(d.pending_f), list(d.pending_x)
+        trees = []
+        for key in out:
+            if trees:
+                Target.crop(d.cache, c)
+                d.pending_f, d.pending_x = list(f), list(x)
+            if key == "after_flush":
+                flush.sum()
+            t0 = time.perf_counter()
+            trees.append(real(root, sampling))
+            out[key].append(1000 * (time.perf_counter() - t0))
+        assert all(torch.equal(t.tokens, trees[0].tokens) for t in trees), "a repeated propose drafted another tree"
+        return trees[-1]
+
+    d.propose = measured
+    dec.generate(encode_chat(tok, prompts[0]), 16)  # warm-up (measurements, copies, compiling)
+    for v in out.values():
+        v.clear()
+    for p in prompts:
+        dec.generate(encode_chat(tok, p), max_new_tokens)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="an eagle decoding config")
@@ -84,6 +129,7 @@ def main(argv=None) -> None:
     ap.add_argument("--step", type=int, default=12, help="decoding step whose drafter state is timed")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--compiled-levels", action="store_true", help="also time each dtype with compiled tree levels")
+    ap.add_argument("--in-loop", type=int, metavar="N", help="instead: propose inside decoding of N chat prompts")
     args = ap.parse_args(argv)
 
     from eagle.config import load_config
@@ -92,7 +138,23 @@ def main(argv=None) -> None:
     config = load_config(args.config)
     if config.drafter.type != "eagle":
         raise SystemExit(f"{args.config}: drafter.type must be 'eagle'")
+    if args.in_loop is not None and args.in_loop < 1:
+        raise SystemExit("--in-loop takes a positive number of prompts")
     model, tok = load_target()
+    if args.in_loop:
+        import json
+        from pathlib import Path
+
+        path = Path(__file__).with_name("prompts") / "chat-small.jsonl"
+        prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()][: args.in_loop]
+        times = in_loop_times(model, tok, config, prompts)
+        print(f"{config.name}, {torch.get_num_threads()} threads, {len(prompts)} prompts, {len(times['repeated'])} steps")
+        print("| propose | ms (median) |")
+        print("|---|---:|")
+        for key, label in (("after_verify", "right after the verification (as decoding runs it)"),
+                           ("repeated", "the same again at once"), ("after_flush", "again after an 800 MB read")):
+            print(f"| {label} | {statistics.median(times[key]):.2f} |")
+        return
     print(f"{config.name}, {torch.get_num_threads()} threads, step {args.step}, median / min of {args.repeats}")
     print("| dtype | levels | propose ms (median) | min | tree nodes | 10 rows x draft LM head, ms | compile s | same trees |")
     print("|---|---|---:|---:|---:|---:|---:|---|")

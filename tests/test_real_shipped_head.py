@@ -50,3 +50,23 @@ def test_drafter_time_script_restores_the_drafter_state(smollm2):
                                                      compiled=True)
             assert compile_s > 0
             assert torch.equal(ctrees[-1].tokens, trees[0].tokens) and torch.equal(ctrees[-1].parents, trees[0].parents)
+
+
+def test_drafter_time_in_loop_times_each_propose_three_ways(smollm2):
+    """experiments/drafter_time.py --in-loop: every decoding step's ``propose`` timed as decoding
+    runs it, repeated at once and after a cache flush, each repeat drafting the same tree (the
+    function asserts it) from the restored state."""
+    import dataclasses
+    import importlib.util
+
+    from eagle.config import load_config
+
+    spec = importlib.util.spec_from_file_location("drafter_time", ROOT / "experiments/drafter_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = load_config(ROOT / "experiments/configs/eagle2-cpu.yaml")
+    config = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, compile=False))
+    times = mod.in_loop_times(*smollm2, config, ["Name three primary colors."], max_new_tokens=12)
+    assert set(times) == {"after_verify", "repeated", "after_flush"}
+    steps = len(times["after_verify"])
+    assert steps >= 3 and all(len(v) == steps and min(v) > 0 for v in times.values())
