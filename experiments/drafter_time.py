@@ -44,6 +44,20 @@ def _timed(fn, repeats: int) -> list[float]:
     return out
 
 
+def _restorer(d):
+    """A function that puts drafter ``d`` back in its present state (the head cache's committed
+    length, the pending accepted pairs), so that ``propose`` can run again from it."""
+    from eagle.target import Target
+
+    c, f, x = d.cache.get_seq_length(), list(d.pending_f), list(d.pending_x)
+
+    def restore():
+        Target.crop(d.cache, c)
+        d.pending_f, d.pending_x = list(f), list(x)
+
+    return restore
+
+
 def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
                   compiled: bool = False) -> tuple[list[float], list, float]:
     """ms per ``propose`` from the drafter state at decoding step ``step``, and the trees drafted
@@ -52,7 +66,6 @@ def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
     from eagle.decoder import TreeDecoder
     from eagle.draft import Sampling
     from eagle.prompts import encode_chat
-    from eagle.target import Target
 
     dec = TreeDecoder.from_config(model, config)
     d = dec.drafter
@@ -62,7 +75,7 @@ def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
     def stop_at_step(root, sampling):
         calls[0] += 1
         if calls[0] == step:
-            snap.update(c=d.cache.get_seq_length(), f=list(d.pending_f), x=list(d.pending_x), root=root)
+            snap.update(restore=_restorer(d), root=root)
             raise _Stop
         return real(root, sampling)
 
@@ -77,8 +90,7 @@ def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
     trees = []
 
     def once():
-        Target.crop(d.cache, snap["c"])
-        d.pending_f, d.pending_x = list(snap["f"]), list(snap["x"])
+        snap["restore"]()
         trees.append(d.propose(snap["root"], Sampling()))
 
     return _timed(once, repeats), trees, sum(getattr(d, "compile_s", {}).values())
@@ -90,7 +102,6 @@ def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 
     after an 800 MB read). Every call drafts the same tree; the last one's is used."""
     from eagle.decoder import TreeDecoder
     from eagle.prompts import encode_chat
-    from eagle.target import Target
 
     dec = TreeDecoder.from_config(model, config)
     d = dec.drafter
@@ -98,12 +109,10 @@ def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 
     out: dict[str, list[float]] = {"after_verify": [], "repeated": [], "after_flush": []}
 
     def measured(root, sampling):
-        c, f, x = d.cache.get_seq_length(), list(d.pending_f), list(d.pending_x)
-        trees = []
+        restore, trees = _restorer(d), []
         for key in out:
             if trees:
-                Target.crop(d.cache, c)
-                d.pending_f, d.pending_x = list(f), list(x)
+                restore()
             if key == "after_flush":
                 flush.sum()
             t0 = time.perf_counter()

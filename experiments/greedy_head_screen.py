@@ -29,10 +29,8 @@ def screen_values(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> torch
     from eagle_kernels import cpu_argmax, cpu_gemm
 
     if way == "onednn":
-        held, _ = cpu_argmax._held(weight)
-        return cpu_gemm.held_op(hidden.bfloat16(), held.slot, weight.shape[0]).double()
-    packed, _ = cpu_argmax._copies(weight)
-    return cpu_gemm._load().packed_linear(hidden, packed, weight.shape[0], None).double()
+        return cpu_gemm.held_op(hidden.bfloat16(), cpu_argmax._held(weight).slot, weight.shape[0]).double()
+    return cpu_gemm._load().packed_linear(hidden, cpu_argmax._copies(weight), weight.shape[0], None).double()
 
 
 def candidate_counts(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> list[int]:
@@ -42,7 +40,7 @@ def candidate_counts(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> li
 
     K = weight.shape[1]
     coef = cpu_argmax._op("screen_coef")(K, way == "onednn")
-    norms = weight.double().norm(dim=1)  # (V,)
+    norms = cpu_argmax._norms(weight)  # (V,) the op's
     counts = []
     for h, s in zip(hidden.double(), screen_values(hidden, weight, way)):
         a = 2.0 ** -100 * (K + 1) * (1 + h.norm())
@@ -86,19 +84,12 @@ def main(argv=None) -> int:
         raise SystemExit(f"--rows up to {hidden.shape[0]} (the positions available)")
     flush = torch.ones(200_000_000)  # 800 MB read between calls: the head leaves the caches
 
-    def screen(h, way):
-        cpu_argmax.WAY = way
-        try:
-            return cpu_argmax.screened_argmax(h, weight)
-        finally:
-            cpu_argmax.WAY = "measure"
-
     print("| rows | every logit then argmax, ms | " + " | ".join(f"{w} screen, ms (ratio)" for w in ways) + " |")
     print("|---:|---:|" + "---:|" * len(ways))
     for r in rows:
         h = hidden[:r].contiguous()
         fns = {"full": lambda: project(h, weight).argmax(dim=-1)}
-        fns.update({w: (lambda w=w: screen(h, w)) for w in ways})
+        fns.update({w: (lambda w=w: cpu_argmax._run(w, h, weight)) for w in ways})  # the op of each screen
         expected = fns["full"]()
         assert all(torch.equal(expected, fns[w]()) for w in ways)
         best = dict.fromkeys(fns, float("inf"))

@@ -27,7 +27,6 @@ As for the other kernels:
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 
@@ -51,8 +50,9 @@ WAY = "measure"
 
 _OPS: dict[str, object] = {}  # op name -> torch.ops.<extension name>.<op> (None: not built)
 _ONEDNN: bool | None = None  # whether the oneDNN screen runs here (None: not asked yet)
-_COPIES = WeightMemo()  # head -> (its bfloat16 packed copy, its row norms in float64)
-_HELD = WeightMemo()  # head -> (cpu_gemm.HeldWeight of oneDNN's packed bf16 copy, row norms)
+_NORMS = WeightMemo()  # head -> its row norms in float64, (V,)
+_COPIES = WeightMemo()  # head -> its bfloat16 copy packed for the kernel, (blocks, K, 16)
+_HELD = WeightMemo()  # head -> the cpu_gemm.HeldWeight of oneDNN's packed bfloat16 copy
 _MEASURED: dict[tuple, dict] = {}  # (V, K, row bucket) -> {"kernel_ms", "onednn_ms", "way"}
 _LOCK = threading.Lock()
 
@@ -90,35 +90,40 @@ def applies(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _norms(weight: torch.Tensor) -> torch.Tensor:
-    return weight.detach().double().norm(dim=1)  # (V,)
-
-
-def _copies(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    copies = _COPIES.get(weight)
-    if copies is None:
+    """``(V,)`` float64 row norms of ``weight``, made once for both screens."""
+    norms = _NORMS.get(weight)
+    if norms is None:
         with _LOCK, torch.no_grad():
-            w = weight.detach()
-            copies = _COPIES.put(weight, (cpu_gemm._load().pack(w.to(torch.bfloat16)), _norms(w)))  # (blocks, K, 16)
-    return copies
+            norms = _NORMS.put(weight, weight.detach().double().norm(dim=1))
+    return norms
 
 
-def _held(weight: torch.Tensor) -> tuple[cpu_gemm.HeldWeight, torch.Tensor]:
+def _copies(weight: torch.Tensor) -> torch.Tensor:
+    """The kernel screen's packed bfloat16 copy of ``weight``, ``(blocks, K, 16)``."""
+    packed = _COPIES.get(weight)
+    if packed is None:
+        with _LOCK, torch.no_grad():
+            packed = _COPIES.put(weight, cpu_gemm._load().pack(weight.detach().to(torch.bfloat16)))
+    return packed
+
+
+def _held(weight: torch.Tensor) -> cpu_gemm.HeldWeight:
+    """The oneDNN screen's packed bfloat16 copy of ``weight``, in the extension's table."""
     held = _HELD.get(weight)
     if held is None:
         from eagle.packed import onednn_pack
 
         with _LOCK, torch.no_grad():
-            w = weight.detach()
-            held = _HELD.put(weight, (cpu_gemm.HeldWeight(onednn_pack(w.to(torch.bfloat16))), _norms(w)))
+            held = _HELD.put(weight, cpu_gemm.HeldWeight(onednn_pack(weight.detach().to(torch.bfloat16))))
     return held
 
 
 def _run(name: str, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The op of screen ``name`` ("kernel" or "onednn") on ``hidden``: ``(T,)``, -1 for rows whose
+    screen is not finite."""
     if name == "onednn":
-        held, norms = _held(weight)
-        return _op("screened_argmax_held")(hidden, held.slot, weight, norms)
-    packed, norms = _copies(weight)
-    return _op()(hidden, packed, weight, norms)
+        return _op("screened_argmax_held")(hidden, _held(weight).slot, weight, _norms(weight))
+    return _op()(hidden, _copies(weight), weight, _norms(weight))
 
 
 def _bucket(rows: int) -> int:
@@ -140,14 +145,11 @@ def way(rows: int, weight: torch.Tensor) -> str:
         return "onednn"
     key = (*weight.shape, bucket)
     if key not in _MEASURED:
+        from eagle.packed import _timed_pass  # here: eagle.packed imports this package
+
         x = torch.randn(bucket, weight.shape[1], generator=torch.Generator().manual_seed(0))
-        times = {"kernel": [], "onednn": []}
-        for _ in range(4):  # round 0 makes the copies
-            for name, ts in times.items():
-                t0 = time.perf_counter()
-                _run(name, x, weight)
-                ts.append(time.perf_counter() - t0)
-        ms = {name: 1000 * min(ts[1:]) for name, ts in times.items()}
+        names = ("kernel", "onednn")  # the warm-up call of each makes its copy
+        ms = dict(zip(names, (1000 * t for t in _timed_pass([lambda n=n: _run(n, x, weight) for n in names], 3))))
         _MEASURED[key] = {"kernel_ms": ms["kernel"], "onednn_ms": ms["onednn"], "way": min(ms, key=ms.get)}
     return _MEASURED[key]["way"]
 
