@@ -85,6 +85,16 @@ class DecodeConfig:
             raise ConfigError(str(e)) from None
 
 
+    def max_tree_nodes(self) -> int:
+        """The most nodes (root included) a tree of this config's drafter can have: 1 for plain
+        decoding, ``1 + depth * branches`` for the n-gram drafter, the tree shape's otherwise."""
+        if self.drafter.type == "none":
+            return 1
+        if self.drafter.type == "ngram":
+            return 1 + self.tree.depth * self.drafter.branches
+        return self.tree.max_nodes
+
+
 def _check(value, hint, where: str):
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):

@@ -140,8 +140,14 @@ class TreeDecoder:
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
-        """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`."""
-        target = model if isinstance(model, Target) else Target(model, config.attention, config.runtime)
+        """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`. The target's
+        buckets are cut at the drafter's largest tree (:meth:`eagle.runtime.RuntimeConfig.fitted`;
+        16-bit steps at a multiple of 16 rows)."""
+        if not isinstance(model, Target):
+            dtype = config.runtime.dtype or str(model.get_output_embeddings().weight.dtype).removeprefix("torch.")
+            runtime = config.runtime.fitted(config.max_tree_nodes(), 16 if dtype in ("bfloat16", "float16") else 1)
+            model = Target(model, config.attention, runtime)
+        target = model
         return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
 
     @staticmethod

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from eagle import Target, TreeDecoder
+from eagle.attention import GQA_SDPA
 from eagle.draft import TreeShape
 from eagle.heads.drafter import EagleDrafter
 from eagle.tree import Tree
@@ -118,6 +119,10 @@ def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
         dv = torch.tensor(sorted(random.Random(9).sample(range(V), 48))) if head_kind.endswith("vocab") else None
         head = random_head(model, seed=3, draft_vocab=dv)
     dr = CheckedDrafter(target, head, shape)
+    # the tiny heads group their query heads (4 query / 2 KV heads): on the CPU the drafter's tree
+    # levels take the folded attention (eagle/attention.py), the reference head keeps transformers' SDPA
+    assert dr.head.layer_config._attn_implementation == GQA_SDPA
+    assert head.layer_config._attn_implementation == "sdpa" and dr.ref_head is head
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(3))
     out = TreeDecoder(target, dr).generate(prompt, 24)
     st = out.stats
@@ -242,10 +247,10 @@ def test_drafting_through_the_small_row_kernel(dtype, monkeypatch):
     linears = [m for m in fast.head.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.weight.dtype == dtype for m in linears) and fast.head is not head
     assert not any(isinstance(m, PackedLinear) for m in slow.head.modules())
-    if dtype == torch.float32:
-        assert slow.head is head
+    if dtype == torch.float32:  # both share the head's own weights (slow: a copy with its own attention config)
         theirs = dict(head.named_parameters())
-        assert all(p is theirs[n] for n, p in fast.head.named_parameters())  # shared
+        for d in (fast, slow):
+            assert all(p is theirs[n] for n, p in d.head.named_parameters())
     prompt = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(8))
     trees = {}
 

@@ -51,7 +51,8 @@ def test_greedy_with_kernel_equals_plain_generate():
     head = DraftHead.for_target(model)
     target = Target(model, "triton")
     drafter = EagleDrafter(target, head, TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=7))
-    assert head.layer_config._attn_implementation == "eagle_tree"
+    assert drafter.head.layer_config._attn_implementation == "eagle_tree"
+    assert head.layer_config._attn_implementation == "sdpa"  # the caller's head is left as it was
     out = TreeDecoder(target, drafter).generate(prompt, 14)
     assert out.tokens == expected
 

@@ -33,6 +33,17 @@ class TreeShape:
         if self.shape == "dynamic" and (self.top_k < 1 or self.total_tokens < 1):
             raise ValueError("tree.top_k and tree.total_tokens must be >= 1")
 
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes (root included) a tree of this shape can have: a chain's ``depth + 1``, a
+        static list's choices + 1, the dynamic tree's ``total_tokens + 1`` (or its whole candidate
+        pool, ``top_k`` at the first level and ``top_k**2`` at each later one, when that is smaller)."""
+        if self.shape == "dynamic":
+            return 1 + min(self.total_tokens, self.top_k + (self.depth - 1) * self.top_k ** 2)
+        if self.shape == "static":
+            return 1 + len(self.choices)
+        return 1 + self.depth
+
     def grow(self, root: int, expand: Expand, sampling: Sampling, sample: bool = False, vocab_map=None,
              vocab_size: int | None = None) -> Tree:
         """Grow this shape from ``root``; ``vocab_map``/``vocab_size``: see :mod:`eagle.draft.grow`."""
