@@ -84,7 +84,6 @@ class DecodeConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-
     def max_tree_nodes(self) -> int:
         """The most nodes (root included) a tree of this config's drafter can have: 1 for plain
         decoding, ``1 + depth * branches`` for the n-gram drafter, the tree shape's otherwise."""
