@@ -157,15 +157,23 @@ class TreeDecoder:
         probs = probs_from_logits(logits, sampling.temperature, sampling.top_p).cpu()
         return int(torch.multinomial(probs, 1, generator=sampling.generator))
 
+    def cache_room(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Positions the KV cache of a ``generate`` call gets: the prompt, the answer and the largest
+        bucketed tree (the target rounds it up, :meth:`eagle.Target.cache_capacity`)."""
+        return prompt_len + max_new_tokens + self.target.runtime.buckets[-1]
+
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+                 on_tokens: Callable[[list[int]], None] | None = None, cache_room: int | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` new tokens after ``input_ids`` (1-D, or (1, N)).
 
         Greedy when ``temperature == 0`` (identical to plain greedy decoding); otherwise exact
         sampling from the target at that temperature / top-p. Stops right after an EOS token.
         ``on_tokens`` is called with each batch of newly accepted tokens (for streaming).
+        ``cache_room``: allocate the KV cache for at least this many positions (default: what this
+        generation needs, :meth:`cache_room`); a warm-up passes a longer generation's room so that
+        compiled steps meet the cache shape that generation will have.
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() == 2:
@@ -193,7 +201,7 @@ class TreeDecoder:
 
         t0 = time.perf_counter()
         # room for the prompt, the answer and the largest bucketed tree (a larger tree grows it)
-        cache = target.new_cache(len(ids) + max_new_tokens + target.runtime.buckets[-1])
+        cache = target.new_cache(max(self.cache_room(len(ids), max_new_tokens), cache_room or 0))
         layers = drafter.feature_layers  # EAGLE-3: fused low/mid/high target layers, else the final feature
         out = target.prefill(ids, cache, layers)
         root = int(out.greedy()[-1]) if sampling.greedy else self._sample(out.logits[-1], sampling)

@@ -256,8 +256,13 @@ class Target:
         cache) enforces sliding windows and compaction is a plain gather on every layer."""
         if not self.static:
             return DynamicCache()
-        # round up so generations of similar length share compiled shapes
-        return SlotCache(self.config.num_hidden_layers, -(-capacity // 256) * 256)
+        return SlotCache(self.config.num_hidden_layers, self.cache_capacity(capacity))
+
+    def cache_capacity(self, positions: int) -> int:
+        """The slots :meth:`new_cache` allocates for ``positions``: rounded up to a multiple of 256,
+        so that generations of similar length share compiled shapes (a compiled step attends over
+        the whole buffer: another capacity is another graph)."""
+        return -(-positions // 256) * 256
 
     # ---- forwards -----------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -98,3 +98,28 @@ def test_the_precision_auto_took_is_reported():
               "draft_dtype_auto": {"a": "bfloat16"}}
     assert "drafter.dtype auto took: a bfloat16" in format_table(result)
     assert "auto took" not in format_table(result | {"draft_dtype_auto": {}})
+
+
+def test_the_warm_up_meets_every_cache_capacity_the_prompts_need(tiny_model, monkeypatch):
+    """A compiled step is one graph per cache capacity: the bench warms each decoder up once per
+    capacity its timed generations will allocate (a longer prompt would otherwise compile inside
+    its timed run), and ``generate(cache_room=...)`` allocates that capacity."""
+    import torch
+
+    from eagle import Target, TreeDecoder
+    from eagle.bench import warm_ups
+    from eagle.runtime import RuntimeConfig
+
+    dec = TreeDecoder(Target(tiny_model("llama"), "reference", RuntimeConfig(buckets=[1, 8])))
+    prompts = [torch.arange(n) % 50 + 1 for n in (10, 20, 150, 200, 300)]  # rooms n + 64 + 8
+    plan = warm_ups(dec, prompts, 64)
+    caps = [dec.target.cache_capacity(room) for _, room in plan]
+    assert caps == [256, 512] and [len(ids) for ids, _ in plan] == [10, 200]  # the first prompt of each
+    seen = []
+    new_cache = dec.target.new_cache
+    monkeypatch.setattr(dec.target, "new_cache", lambda n: seen.append(n) or new_cache(n))
+    for ids, room in plan:
+        short = dec.generate(ids, 4, cache_room=room)
+        assert short.tokens == dec.generate(ids, 4).tokens  # the room changes shapes, never tokens
+    assert [dec.target.cache_capacity(n) for n in seen[::2]] == [256, 512]
+    assert [dec.target.cache_capacity(n) for n in seen[1::2]] == [256, 256]  # without it: the short run's own
