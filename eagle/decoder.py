@@ -143,11 +143,11 @@ class TreeDecoder:
         """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`. The target's
         buckets are cut at the drafter's largest tree (:meth:`eagle.runtime.RuntimeConfig.fitted`;
         16-bit steps at a multiple of 16 rows)."""
-        if not isinstance(model, Target):
-            dtype = config.runtime.dtype or str(model.get_output_embeddings().weight.dtype).removeprefix("torch.")
-            runtime = config.runtime.fitted(config.max_tree_nodes(), 16 if dtype in ("bfloat16", "float16") else 1)
-            model = Target(model, config.attention, runtime)
         target = model
+        if not isinstance(model, Target):
+            dtype = getattr(torch, config.runtime.dtype) if config.runtime.dtype else model.get_output_embeddings().weight.dtype
+            runtime = config.runtime.fitted(config.max_tree_nodes(), 16 if dtype.itemsize == 2 else 1)
+            target = Target(model, config.attention, runtime)
         return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
 
     @staticmethod

@@ -100,12 +100,6 @@ class EagleDrafter(Drafter):
             from ..packed import streaming_copy
 
             head = streaming_copy(head, rows=shape.top_k) or head  # a level's rows: top_k frontier nodes
-        self.target, self.head, self.shape, self.sample = target, head, shape, sample
-        self.feature_layers = head.feature_layers
-        self.lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
-        self.vocab = target.lm_head.weight.shape[0]
-        vmap = head.vocab_map
-        self.d2t = None if vmap is None else vmap.to(target.device)
         attention = None
         if target.use_kernel:  # the head's tree levels go through the same kernel as the target
             from ..target import register_tree_attention
@@ -120,7 +114,12 @@ class EagleDrafter(Drafter):
             if head is given:  # a config of its own: the caller's head keeps its attention
                 head = sharing_copy(head)
             head.layer_config._attn_implementation = attention
-        self.head = head
+        self.target, self.head, self.shape, self.sample = target, head, shape, sample
+        self.feature_layers = head.feature_layers
+        self.lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
+        self.vocab = target.lm_head.weight.shape[0]
+        vmap = head.vocab_map
+        self.d2t = None if vmap is None else vmap.to(target.device)
         # compile the tree levels with the target's steps on GPU (CUDA graphs); on the CPU compiled
         # levels drafted no faster than eager ones (19.6 against 17.9 ms a step for eagle2-cpu on the
         # AMD EPYC Zen 3, docs/results.md) and cost 7-8 s to compile each
