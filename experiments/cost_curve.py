@@ -13,6 +13,8 @@ memory-bound floor (the target's weight bytes read once per step / bandwidth). W
 (markdown + CSV) and a plot.
 
     python experiments/cost_curve.py --out-dir experiments/results
+    python experiments/cost_curve.py --paths static-compiled --sizes 1,26,32,61,64 --buckets 1,26,32,61,64
+        # other buckets: e.g. each size its own (default: the runtime's, 1,4,8,16,32,64)
 """
 from __future__ import annotations
 
@@ -57,18 +59,20 @@ def weight_bytes(model) -> int:
     return total
 
 
-def parse_path(name: str):
+def parse_path(name: str, buckets: list[int] | None = None):
     """``static``, ``dynamic``, ``static-unpacked`` (no packed GEMM), ``static-bf16``,
     ``static-compiled``, ``static-bf16-compiled``, ``static-compiled-fullhead`` (every logit,
-    ``greedy_head: full``), ..."""
-    from eagle.runtime import RuntimeConfig
+    ``greedy_head: full``), ...; ``buckets``: the static cache's node-count buckets (default: the
+    runtime's)."""
+    from eagle.runtime import DEFAULT_BUCKETS, RuntimeConfig
 
     parts = name.split("-")
     if parts[0] not in ("static", "dynamic") or not set(parts[1:]) <= {"bf16", "fp16", "compiled", "unpacked", "fullhead"}:
         raise SystemExit(f"unknown path '{name}' (static|dynamic, optionally -bf16/-fp16, -compiled, -unpacked, -fullhead)")
     dtype = "bfloat16" if "bf16" in parts else "float16" if "fp16" in parts else ""
     return RuntimeConfig(cache=parts[0], dtype=dtype, compile="compiled" in parts,
-                         packed_linear="unpacked" not in parts, greedy_head="full" if "fullhead" in parts else "screened")
+                         buckets=list(buckets or DEFAULT_BUCKETS), packed_linear="unpacked" not in parts,
+                         greedy_head="full" if "fullhead" in parts else "screened")
 
 
 def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[dict], float]:
@@ -105,15 +109,26 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", type=int, default=300)
     ap.add_argument("--sizes", default="1,2,4,8,12,16,24,32,48,64")
     ap.add_argument("--paths", default="dynamic,static", help="comma-separated runtime paths (see parse_path)")
+    ap.add_argument("--buckets", default=None,
+                    help="comma-separated node-count buckets of the static paths (default: the runtime's); "
+                         "a size between buckets runs padded to the next one")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out-dir", default="experiments/results")
     ap.add_argument("--name", default="cost_curve", help="output file stem")
     args = ap.parse_args(argv)
     import eagle
 
-    sizes = [int(s) for s in args.sizes.split(",")]
-    paths = args.paths.split(",")
-    runtimes = [parse_path(p) for p in paths]
+    from eagle.cliargs import positive_ints
+
+    try:
+        sizes = positive_ints(args.sizes, "--sizes")
+        buckets = positive_ints(args.buckets, "--buckets") if args.buckets is not None else None
+        paths = args.paths.split(",")
+        runtimes = [parse_path(p, buckets) for p in paths]
+        for rt in runtimes:
+            rt.validate()
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     model, _ = eagle.load_target(args.target)
     bw = read_bandwidth_gbs()
     rows = []

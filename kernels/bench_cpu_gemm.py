@@ -9,10 +9,13 @@ read speed (a 512 MB sum) is measured in the same run, for the floor.
     python kernels/bench_cpu_gemm.py --prefetch-ab --rows 1,4,16   # the kernel with / without prefetching
     python kernels/bench_cpu_gemm.py --roofline --rows 1,8,12,16,32,64   # arithmetic vs memory bound
     python kernels/bench_cpu_gemm.py --against 98f5ce6 --rows 1,4,8,16,32   # this kernel vs a git revision's
+    python kernels/bench_cpu_gemm.py --rows 8,16 \
+        --variants "pf8k:CPU_GEMM_PREFETCH_BYTES=8192,chunk32:CPU_GEMM_CHUNK_K=32"   # builds with other settings
 """
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -112,6 +115,46 @@ def against(weights, rows, rounds: int, gen, rev: str) -> int:
     return 0
 
 
+def parse_variants(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``"name:DEF=V;DEF2=V2,name2:DEF3"`` -> ``[(name, ("DEF=V", "DEF2=V2")), (name2, ("DEF3",))]``:
+    builds of this source with the CPU_GEMM_* switches of cpu_gemm.cpp set. Raises ValueError."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, defs = item.partition(":")
+        defines = tuple(d.strip() for d in defs.split(";") if d.strip())
+        if not sep or not re.fullmatch(r"[A-Za-z0-9]+", name) or not defines:
+            raise ValueError(f"--variants: '{item}' is not NAME:DEFINE[=VALUE][;DEFINE...] (NAME letters and digits)")
+        for d in defines:
+            if not re.fullmatch(r"CPU_GEMM_[A-Z0-9_]+(=[0-9]+)?", d):
+                raise ValueError(f"--variants: '{d}' is not a CPU_GEMM_* switch of cpu_gemm.cpp (NAME or NAME=integer)")
+        out.append((name, defines))
+    if not out or len({n for n, _ in out}) != len(out):
+        raise ValueError("--variants: give at least one variant, each name once")
+    return out
+
+
+def variants(weights, rows, rounds: int, gen, specs) -> int:
+    """The kernel as shipped against builds of the same source with CPU_GEMM_* switches set (one per
+    spec, see :func:`parse_variants`), on the same packed weights in rotating order."""
+    builds = {"shipped": cpu_gemm._load()}
+    for name, defines in specs:
+        builds[name] = cpu_gemm._build(f"-var-{name}", defines)
+    for ext in builds.values():  # the width this machine measured, for every build (a new build starts at 1)
+        ext.set_tile_blocks(builds["shipped"].tile_blocks())
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
+    names = list(builds)
+    print("| rows | " + " | ".join(f"{n}, ms" for n in names) + " | " + " | ".join(f"{n} / shipped" for n in names[1:]) + " |")
+    print("|---:|" + "---:|" * (2 * len(names) - 1))
+    with torch.no_grad():
+        for r in rows:
+            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
+            med = _rotating_medians({n: (lambda e=e: [e.packed_linear(xs[p.shape[1]], p, n_out, None)
+                                                      for p, n_out in packs]) for n, e in builds.items()}, rounds)
+            cells = [f"{med[n]:.1f}" for n in names] + [f"{med[n] / med['shipped']:.3f}" for n in names[1:]]
+            print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
 def gemm_rate(rounds: int, n: int = 1024) -> float:
     """G multiply-adds/s of MKL's float32 GEMM on two n x n matrices (in cache, all threads): about
     the best the machine's vector units do, the ceiling any row count can approach."""
@@ -162,9 +205,13 @@ def main(argv=None) -> int:
                          "the memory set on a step's products (and MKL's in-cache GEMM rate, for scale)")
     ap.add_argument("--against", metavar="REV",
                     help="instead: this kernel against the cpu_gemm.cpp of a git revision, same weights")
+    ap.add_argument("--variants", metavar="NAME:DEFINE[;DEFINE],...",
+                    help="instead: the kernel against builds of the same source with CPU_GEMM_* switches set "
+                         "(e.g. pf8k:CPU_GEMM_PREFETCH_BYTES=8192), same weights")
     args = ap.parse_args(argv)
     try:
         rows = positive_ints(args.rows, "--rows")
+        specs = parse_variants(args.variants) if args.variants is not None else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -179,6 +226,8 @@ def main(argv=None) -> int:
         return prefetch_ab(weights, rows, args.rounds, gen)
     if args.against:
         return against(weights, rows, args.rounds, gen, args.against)
+    if specs is not None:
+        return variants(weights, rows, args.rounds, gen, specs)
     bw = read_bandwidth_gbs()
     if args.roofline:
         return roofline(weights, rows, args.rounds, gen, bw)

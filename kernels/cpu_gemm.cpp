@@ -47,13 +47,25 @@ constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
 // How far ahead in a block's stream, and into which cache: 4 KB (64 steps of float32 lines) into L2.
 // On the Intel Xeon with AMX, SmolLM2's 211 products streamed 1.05x (1 row), 1.15x (8 rows of one
 // block) and 1.12x (16 rows) faster than with 8 KB into L1 (the AMD EPYC's choice), in a C++ loop.
-constexpr int64_t PREFETCH_BYTES = 4096;
+// The CPU_GEMM_* switches below exist for `kernels/bench_cpu_gemm.py --variants` only (builds of
+// this source with other settings, timed side by side); the library never defines them.
+#ifndef CPU_GEMM_PREFETCH_BYTES
+#define CPU_GEMM_PREFETCH_BYTES 4096
+#endif
+constexpr int64_t PREFETCH_BYTES = CPU_GEMM_PREFETCH_BYTES;
 
 template <typename W>  // W: float, or uint16_t for bfloat16 weights (half a line per step)
 inline void prefetch_line(const W* p, int64_t k) {
 #ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
   constexpr int64_t steps = PREFETCH_BYTES / (LANES * static_cast<int64_t>(sizeof(W)));
+#ifdef CPU_GEMM_PREFETCH_EVEN  // every other line only (its neighbour left to the adjacent-line prefetcher)
+  if (k & 1) return;
+#endif
+#ifdef CPU_GEMM_PREFETCH_T0  // into L1 instead of L2
+  _mm_prefetch(reinterpret_cast<const char*>(p + (k + steps) * LANES), _MM_HINT_T0);
+#else
   _mm_prefetch(reinterpret_cast<const char*>(p + (k + steps) * LANES), _MM_HINT_T1);
+#endif
 #endif
 }
 
@@ -220,7 +232,10 @@ constexpr int64_t MAX_TILE_BLOCKS = 3;
 // count, with 3 x 8 accumulators per turn (24 FMAs per 3 weight loads and 8 broadcasts), where one
 // block x 16 rows made 16 FMAs per 17 loads. Each output is still the same FMA chain over k in
 // order (the buffer holds it between turns), so the results are bitwise those of `tile`.
-constexpr int64_t CHUNK_K = 16;
+#ifndef CPU_GEMM_CHUNK_K
+#define CPU_GEMM_CHUNK_K 16
+#endif
+constexpr int64_t CHUNK_K = CPU_GEMM_CHUNK_K;
 
 template <int NB, int MT, typename W>
 inline void tile_turn(const float* __restrict xt, const W* __restrict p, int64_t K, int64_t k0, int64_t k1,
@@ -286,7 +301,12 @@ void unit_in_turns(int64_t nb, int64_t groups, const int64_t* starts, const floa
     const int64_t k1 = std::min(K, k0 + CHUNK_K);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t rows = starts[g + 1] - starts[g];
-      rows_turn(nb, rows, xt + starts[g] * K, p, K, k0, k1, acc + g * nb * WIDE_MAX_MT, k0 == 0, g == 0);
+#ifdef CPU_GEMM_PREFETCH_EVERY_GROUP  // every group's turn prefetches (the same lines again), not group 0's only
+      const bool prefetch = true;
+#else
+      const bool prefetch = g == 0;
+#endif
+      rows_turn(nb, rows, xt + starts[g] * K, p, K, k0, k1, acc + g * nb * WIDE_MAX_MT, k0 == 0, prefetch);
     }
   }
   for (int64_t g = 0; g < groups; ++g)

@@ -190,6 +190,23 @@ def test_compiled_step_ab_head_sides_differ_only_in_the_greedy_head():
     assert full.runtime.compile and screened.runtime.compile
 
 
+def test_cost_curve_buckets():
+    """`--buckets` sets the static paths' buckets (default: the runtime's); bad buckets stop the
+    script before any model is loaded, with a message naming the flag or the rule."""
+    from eagle.runtime import DEFAULT_BUCKETS
+
+    cc = _script("cost_curve")
+    assert cc.parse_path("static-compiled").buckets == DEFAULT_BUCKETS
+    assert cc.parse_path("static-compiled", [1, 26, 61]).buckets == [1, 26, 61]
+    assert cc.parse_path("static-compiled", [1, 26, 61]).bucket(30) == 61
+    with pytest.raises(SystemExit, match="--buckets must be positive integers"):
+        cc.main(["--buckets", "1,x", "--target", "no-such-model"])
+    with pytest.raises(SystemExit, match="runtime.buckets must be increasing"):
+        cc.main(["--buckets", "8,4", "--target", "no-such-model"])
+    with pytest.raises(SystemExit, match="--sizes must be positive integers"):
+        cc.main(["--sizes", "0,4", "--target", "no-such-model"])
+
+
 def test_cost_curve_fullhead_paths():
     cc = _script("cost_curve")
     assert cc.parse_path("static-compiled-fullhead").greedy_head == "full"
