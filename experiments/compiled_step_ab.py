@@ -24,6 +24,10 @@ steps ran there before). Two Targets; the second's ways are the first's with MKL
 (kernels/cpu_attention.py, as shipped) against SDPA over the whole buffer (eagle/attention.py's
 folding without the op, registered as an attention backend of its own). Two Targets.
 
+``--what attention-way``: the attention op's float32 calls through its own tiled AVX-512 loop (as
+shipped) against SDPA on the same cut keys (``cpu_attention.set_way``, switched between calls). One
+Target, the same graphs.
+
 ``--what head``: a greedy step's argmax of the LM head through its bfloat16 screen
 (kernels/cpu_argmax.py, ``runtime.greedy_head: screened``, as shipped) against every logit, then
 argmax (``greedy_head: full``). Two Targets; for this one each step is timed to the argmax
@@ -37,6 +41,7 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
     python experiments/compiled_step_ab.py --what attention --sizes 1,4,8,16
+    python experiments/compiled_step_ab.py --what attention-way --sizes 1,4,8,16,32,61
     python experiments/compiled_step_ab.py --what head --sizes 1,4,8,16,32,64
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
@@ -160,6 +165,14 @@ def sides(what: str, model, dtype: str):
         whole = register_attention("eagle_gqa_sdpa_whole_buffer", functools.partial(gqa_sdpa, cpu_op=False))
         return {"SDPA, whole buffer": (eagle.Target(attention_view(model, whole), "reference", runtime()), lambda: None),
                 "cut at the last seen key (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+    if what == "attention-way":
+        from eagle_kernels import cpu_attention
+
+        if not cpu_attention.available():
+            raise SystemExit("the CPU attention op is not available here (no CPU extension)")
+        t = eagle.Target(model, "reference", runtime())
+        return {"SDPA": (t, lambda: cpu_attention.set_way("sdpa")),
+                "tiled loop (shipped)": (t, lambda: cpu_attention.set_way("tiled"))}
     if what == "head":
         return {"every logit": (eagle.Target(model, "reference", runtime(greedy_head="full")), lambda: None),
                 "bf16 screen (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
@@ -173,7 +186,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, head or tiles, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head or tiles, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -254,7 +267,8 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "head", "tiles"])
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "attention-way", "head",
+                                                        "tiles"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)

@@ -6,25 +6,328 @@
 // Why: a compiled step has fixed shapes, so it hands attention the whole cache buffer (C slots,
 // rounded up to a multiple of 256) and a mask that hides the empty slots; PyTorch's CPU flash
 // attention then works through all C keys. Here the keys from the last slot any query sees on are
-// cut off (the mask scanned from the end) and the rest goes to the same SDPA in its grouped-query
-// form (no K/V copies). On SmolLM2-135M (3 KV heads, 512 slots, 300 filled; 30 layers' buffers in
+// cut off (the mask scanned from the end) and the rest goes, in float32 on AVX-512 builds, to the
+// tiled loop below, else to the same SDPA in its grouped-query form (no K/V copies). On SmolLM2-135M (3 KV heads, 512 slots, 300 filled; 30 layers' buffers in
 // turn) that took 0.77x / 0.75x / 0.68x the time of SDPA on the whole buffer with the query heads
 // folded (eagle/attention.py) for 1 / 4 / 16 rows (docs/kernels.md). An op of its own because the
 // cut is data-dependent: in a graph it would be a host sync and a new shape every step.
 //
-// A hand-written loop (per query row: dot products, ATen's vectorized exp, weighted sum of value
-// rows) measured 0.7-0.9x SDPA's time at one row but 1.4-3.7x at 4-64 rows, and was dropped.
+// A hand-written loop per query row (dot products, ATen's vectorized exp, weighted sum of value
+// rows) measured 0.7-0.9x SDPA's time at one row but 1.4-3.7x at 4-64 rows, and was dropped; the
+// tiled loop (query rows in the vector lanes, keys as the rows of the products) replaced SDPA for
+// float32 (docs/kernels.md).
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace {
+
+// 0: float32 calls on AVX-512 take the tiled loop below, others SDPA; 1: every call SDPA (for A/Bs:
+// kernels/bench_tree_attention.py --cpu-ways)
+int64_t attention_way_setting = 0;
+
+#if defined(__AVX512F__)
+// The tiled float32 loop (AVX-512). Per KV head the query rows of its G query heads are laid out as
+// rows r = j * Tp + t (query head j of the group, node t; Tp: T rounded up to a power of two up to 16,
+// else to a multiple of 16, so that a block of 16 rows maps to nodes by a shift), 16 rows to a block,
+// and the work is done with keys as the rows of the products and query rows in the vector lanes:
+//   scores (C, 16 lanes) per block: for each dim d, the block's packed q[., d] (one line, scale folded
+//     in) times each key's k[c, d] broadcast: the small-row GEMM's tile (8 keys x up to 3 blocks);
+//   softmax down each lane: max, exp and sum are vertical ops over the keys (no horizontal
+//     reductions), the mask applied per (key, lane) as a 16-bit lane mask;
+//   out^T (D, 16 lanes) = sum over keys of v[c, d] broadcast times p[c, lanes] (8 dims x blocks).
+// The keys are split into one share per thread (each K / V row read from memory once, the same work
+// in every share), and the shares' partial softmaxes (max, sum, unnormalized output) merged per row.
+// A row's result does not depend on the other rows of the call (masked keys add exact zeros).
+// Why: PyTorch's CPU flash attention splits the queries by head into 32-row blocks and runs a GEMM,
+// an online softmax and a GEMM per block (9 small tasks for a 16-node tree on SmolLM2's 9 heads).
+constexpr int64_t AL = 16;  // lanes: query rows per block
+
+inline __m512 exp_ps(__m512 x) {
+  // e^x, Cephes' single-precision polynomial: e^x = 2^n e^r, n = round(x log2 e), |r| <= ln 2 / 2,
+  // e^r = 1 + r + r^2 p(r); 2^n applied with scalef (underflows to 0 below e^-87)
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+template <int NB, int MT>
+inline void score_tile(const float* __restrict qp, int64_t D, const float* __restrict kc, int64_t ldk,
+                       float* __restrict s, int64_t lds) {
+  // s[i, j * 16 + lane] = sum_d qp[j][d][lane] * kc[i * ldk + d] for MT keys x NB blocks
+  __m512 acc[NB][MT];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) acc[j][i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    // the next tile's key rows, a line of each per 16 dims: in a step they come from memory (the
+    // layer weights streamed through the caches since the last step); a prefetch never faults
+    if (d % AL == 0)
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) _mm_prefetch(reinterpret_cast<const char*>(kc + (MT + i) * ldk + d), _MM_HINT_T0);
+    __m512 w[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(qp + (j * D + d) * AL);
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) {
+      const __m512 xb = _mm512_set1_ps(kc[i * ldk + d]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) _mm512_storeu_ps(s + i * lds + j * AL, acc[j][i]);
+}
+
+template <int NB>
+void score_rows(int64_t rows, const float* qp, int64_t D, const float* kc, int64_t ldk, float* s, int64_t lds) {
+  switch (rows) {
+#define CASE(R) case R: score_tile<NB, R>(qp, D, kc, ldk, s, lds); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    default: TORCH_CHECK(false, "masked_attention: score tile rows out of range");
+  }
+}
+
+template <int NB>
+inline void pv_tile(const float* __restrict pbuf, int64_t ldp, const uint8_t* __restrict seen, int64_t L,
+                    const float* __restrict vc, int64_t ldv, int64_t D, int64_t d0, float* __restrict o) {
+  // o[i * NB * 16 + j * 16 + lane] = sum_c pbuf[c * ldp + j * 16 + lane] * vc[c * ldv + d0 + i], 8 dims x NB blocks;
+  // keys no lane of the group sees are skipped (their p are all zero)
+  __m512 acc[NB][8];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[j][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < L; ++c) {
+    if (d0 == 0)  // the first pass over the values: their rows 8 keys ahead
+      for (int64_t d = 0; d < D; d += AL) _mm_prefetch(reinterpret_cast<const char*>(vc + (c + 8) * ldv + d), _MM_HINT_T0);
+    if (!seen[c]) continue;
+    __m512 w[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(pbuf + c * ldp + j * AL);
+    const float* vr = vc + c * ldv + d0;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512 xb = _mm512_set1_ps(vr[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) _mm512_storeu_ps(o + (i * NB + j) * AL, acc[j][i]);  // row i: NB * 16 lanes
+}
+
+// One group's partial attention over keys c0 .. c1 - 1 (a thread's share of the keys): per lane its
+// max score mx (-inf: it sees none of these keys), sum of exp(score - mx) and unnormalized output
+// o (D, 16 lanes) per block; merged across the shares by `tiled_attention`.
+struct Partial {
+  float* mx;   // (NB, 16)
+  float* sum;  // (NB, 16)
+  float* o;    // (D, NB, 16)
+};
+
+struct Layout {  // how a KV head's query rows map to lanes
+  int64_t T, Tp, G;
+  // lane l of the group starting at block blk0: its query head within the group (-1: no row) and node
+  void lane(int64_t blk0, int64_t l, int64_t& j, int64_t& t) const {
+    const int64_t r = blk0 * AL + l;
+    j = r / Tp;
+    t = r % Tp;
+    if (j >= G || t >= T) j = -1;
+  }
+};
+
+template <int NB>
+void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t ldk, const float* vd, int64_t ldv,
+                  int64_t D, const uint64_t* vis, int64_t c0, int64_t c1, int64_t kvh, int64_t blk0, const Layout& lay,
+                  float scale, Partial part, std::vector<float>& qp, std::vector<float>& s,
+                  std::vector<__mmask16>& lanes, std::vector<uint8_t>& seen) {
+  // qd/qs: q's data (batch b applied) and strides (B, Hq, T, D); kd/vd: KV head kvh's keys / values
+  const int64_t W = NB * AL, L = c1 - c0;
+  int64_t head[NB * AL], node[NB * AL];
+  for (int64_t l = 0; l < W; ++l) {
+    int64_t j, t;
+    lay.lane(blk0, l, j, t);
+    head[l] = j < 0 ? -1 : kvh * lay.G + j;
+    node[l] = t;
+  }
+  // the queries packed (NB, D, 16), scaled
+  qp.assign(NB * D * AL, 0.f);
+  for (int64_t l = 0; l < W; ++l) {
+    if (head[l] < 0) continue;
+    const float* qr = qd + head[l] * qs[1] + node[l] * qs[2];
+    for (int64_t d = 0; d < D; ++d) qp[((l / AL) * D + d) * AL + l % AL] = qr[d * qs[3]] * scale;
+  }
+  // per key and block, the lanes that see it (16-bit lane masks); keys no lane of the group sees
+  lanes.resize(L * NB);
+  seen.assign(L, 0);
+  for (int64_t j = 0; j < NB; ++j) {
+    uint64_t valid = 0;  // lanes of block j holding a row
+    for (int64_t l = 0; l < AL; ++l) valid |= uint64_t(head[j * AL + l] >= 0) << l;
+    const int64_t t0 = node[j * AL];  // Tp >= 16: the block's lanes are nodes t0 .. t0 + 15
+    uint64_t rep = 0;                 // Tp < 16: lanes repeat nodes 0 .. Tp - 1
+    for (int64_t h = 0; h < AL; h += lay.Tp) rep |= uint64_t(1) << h;
+    const uint64_t low = lay.Tp >= 64 ? ~uint64_t(0) : (uint64_t(1) << lay.Tp) - 1;
+    for (int64_t c = 0; c < L; ++c) {
+      const uint64_t m = lay.Tp >= AL ? vis[c0 + c] >> t0 : (vis[c0 + c] & low) * rep;  // no carries: low < 2^Tp
+      const auto lm = static_cast<__mmask16>(m & valid);
+      lanes[c * NB + j] = lm;
+      seen[c] |= lm != 0;
+    }
+  }
+  // scores (L, W), then probabilities in place
+  s.resize(L * W);
+  int64_t c = 0;
+  for (; c + 8 <= L; c += 8) score_tile<NB, 8>(qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
+  if (c < L) score_rows<NB>(L - c, qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mx[NB], base[NB], sum[NB];
+  for (int64_t j = 0; j < NB; ++j) {
+    mx[j] = minus_inf;
+    sum[j] = _mm512_setzero_ps();
+  }
+  for (c = 0; c < L; ++c)
+    for (int64_t j = 0; j < NB; ++j)
+      mx[j] = _mm512_mask_max_ps(mx[j], lanes[c * NB + j], mx[j], _mm512_loadu_ps(s.data() + c * W + j * AL));
+  for (int64_t j = 0; j < NB; ++j)  // a lane that sees none of these keys: exp relative to 0 (its p stay 0)
+    base[j] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx[j], minus_inf, _CMP_NEQ_OQ), mx[j]);
+  for (c = 0; c < L; ++c)
+    for (int64_t j = 0; j < NB; ++j) {
+      float* sp = s.data() + c * W + j * AL;
+      const __m512 p = _mm512_maskz_mov_ps(lanes[c * NB + j], exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sp), base[j])));
+      _mm512_storeu_ps(sp, p);
+      sum[j] = _mm512_add_ps(sum[j], p);
+    }
+  for (int64_t j = 0; j < NB; ++j) {
+    _mm512_storeu_ps(part.mx + j * AL, mx[j]);
+    _mm512_storeu_ps(part.sum + j * AL, sum[j]);
+  }
+  // o^T (D, W), 8 dims at a time
+  for (int64_t d0 = 0; d0 < D; d0 += 8) pv_tile<NB>(s.data(), W, seen.data(), L, vd + c0 * ldv, ldv, D, d0, part.o + d0 * W);
+}
+
+bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mp, int64_t Bm,
+                     int64_t C, int64_t L, double scale, at::Tensor& out) {
+  // out (B, T, Hq, D) float32 from the tiled loop; false where it does not apply (then SDPA runs).
+  // The keys are split into one share per thread (each K / V row read once, every share the same
+  // work); each share runs every KV head's query rows in groups of up to 3 blocks, and the shares'
+  // partial softmaxes are merged at the end.
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), G = Hq / Hkv;
+  if (attention_way_setting != 0 || q.scalar_type() != at::kFloat || D % 8 != 0 || T > 64 || k.stride(3) != 1 ||
+      v.stride(3) != 1)
+    return false;
+  int64_t Tp = 1;
+  if (T <= AL)
+    while (Tp < T) Tp *= 2;
+  else
+    Tp = (T + AL - 1) / AL * AL;
+  const Layout lay{T, Tp, G};
+  const int64_t blocks = (G * Tp + AL - 1) / AL;  // per KV head
+  const int64_t groups = (blocks + 2) / 3;        // of up to 3 blocks
+  // the nodes that see each key, one bit per node (T <= 64), per mask batch
+  std::vector<uint64_t> vis(Bm * L, 0);
+  for (int64_t bm = 0; bm < Bm; ++bm)
+    for (int64_t t = 0; t < T; ++t) {
+      const bool* row = mp + (bm * T + t) * C;
+      uint64_t* vb = vis.data() + bm * L;
+      for (int64_t c = 0; c < L; ++c) vb[c] |= uint64_t(row[c]) << t;
+    }
+  // shares of the keys: one per thread, multiples of 8 keys (the score tile)
+  const int64_t per = std::max<int64_t>(8, (L + at::get_num_threads() - 1) / at::get_num_threads() + 7) / 8 * 8;
+  const int64_t shares = (L + per - 1) / per;
+  const int64_t lanes_per_head = blocks * AL;
+  // partials: (B, shares, Hkv, lanes_per_head) for mx and sum; o (B, shares, Hkv, blocks/3 groups..)
+  // laid out per (b, share, kvh, group) as (D, NB * 16)
+  const int64_t pl = B * shares * Hkv * lanes_per_head;
+  std::vector<float> mxs(pl), sums(pl), os(pl * D);
+  const float sc = static_cast<float>(scale);
+  const float* qd = q.data_ptr<float>();
+  const int64_t qs[4] = {q.stride(0), q.stride(1), q.stride(2), q.stride(3)};
+  at::parallel_for(0, B * shares, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> qp, sbuf;
+    std::vector<__mmask16> lanes;
+    std::vector<uint8_t> seen;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / shares, sh = w % shares, c0 = sh * per, c1 = std::min(L, c0 + per);
+      const uint64_t* vb = vis.data() + (Bm == 1 ? 0 : b) * L;
+      for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+        const float* kd = k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1);
+        const float* vd = v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1);
+        const int64_t lane0 = ((b * shares + sh) * Hkv + kvh) * lanes_per_head;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
+          const int64_t at = lane0 + blk0 * AL;
+          const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
+          switch (width) {
+            case 1: attend_share<1>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
+            case 2: attend_share<2>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
+            default: attend_share<3>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
+          }
+        }
+      }
+    }
+  });
+  // merge the shares: per row, weights exp(mx_share - max over shares) (0 for a share it saw nothing of)
+  out = at::empty({B, T, Hq, D}, q.options());
+  float* op = out.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+      for (int64_t l = 0; l < lanes_per_head; ++l) {
+        int64_t j, t;
+        lay.lane(0, l, j, t);
+        if (j < 0) continue;
+        const int64_t g = l / (3 * AL), width = std::min<int64_t>(3, blocks - g * 3) * AL, lg = l % (3 * AL);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t sh = 0; sh < shares; ++sh) m = std::max(m, mxs[((b * shares + sh) * Hkv + kvh) * lanes_per_head + l]);
+        float* orow = op + ((b * T + t) * Hq + kvh * G + j) * D;
+        for (int64_t d = 0; d < D; ++d) orow[d] = 0.f;
+        float total = 0.f;
+        for (int64_t sh = 0; sh < shares; ++sh) {
+          const int64_t at = ((b * shares + sh) * Hkv + kvh) * lanes_per_head;
+          if (!(sums[at + l] > 0.f)) continue;
+          const float wgt = shares == 1 ? 1.f : std::exp(mxs[at + l] - m);
+          total += sums[at + l] * wgt;
+          const float* o = os.data() + (at + g * 3 * AL) * D;  // the group's (D, width)
+          for (int64_t d = 0; d < D; ++d) orow[d] += o[d * width + lg] * wgt;
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+      }
+  return true;
+}
+#else
+bool tiled_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const bool*, int64_t, int64_t, int64_t,
+                     double, at::Tensor&) {
+  return false;  // AVX2 builds: SDPA
+}
+#endif
 
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale) {
@@ -53,6 +356,8 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   };
   while (kv_len > 0 && !column_seen(kv_len - 1)) --kv_len;
   kv_len = std::max<int64_t>(kv_len, 1);  // SDPA takes no empty key axis (a row that sees nothing stays masked)
+  at::Tensor tiled;
+  if (tiled_attention(q, k, v, mp, Bm, C, kv_len, scale, tiled)) return tiled;
   // SDPA's own grouped-query form: each KV head read once for its query heads, the mask broadcast
   // over heads (folding the query heads into the rows instead needs the mask repeated per head:
   // 1.05-1.35x the time for 1-16 rows)
@@ -80,4 +385,13 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
 EAGLE_ATTENTION_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("masked_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
   m.impl("masked_attention", c10::DispatchKey::CPU, TORCH_FN(masked_attention));
+  // the way setting, for A/Bs (kernels/cpu_attention.py: set_way / way): 0 the tiled float32 loop where
+  // it applies, 1 SDPA for every call
+  m.def("set_attention_way(int way) -> ()", [](int64_t way) {
+    TORCH_CHECK(way == 0 || way == 1, "set_attention_way: 0 (tiled float32 loop where it applies) or 1 (SDPA)");
+    attention_way_setting = way;
+  });
+  m.def("attention_way() -> int", []() -> int64_t { return attention_way_setting; });
 }
+
+

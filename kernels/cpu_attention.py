@@ -23,12 +23,16 @@ import torch
 
 from . import cpu_gemm
 
-__all__ = ["MAX_ROWS", "applies", "available", "masked_attention", "masked_attention_reference"]
+__all__ = ["MAX_ROWS", "WAYS", "applies", "available", "masked_attention", "masked_attention_reference", "set_way",
+           "way"]
 
 # query rows (tree nodes) up to which the op runs; longer queries (a prompt's prefill) take
 # transformers' own path, which needs no cut (an eager prefill attends to the filled slots only)
 MAX_ROWS = 64
 _OP = None  # torch.ops.<extension name>.masked_attention, once its shape function is registered
+# how the op computes float32 calls: "tiled" (its own AVX-512 loop, the default where the build has
+# AVX-512; else SDPA) or "sdpa" (every call through SDPA), for A/Bs
+WAYS = ("tiled", "sdpa")
 
 
 def available() -> bool:
@@ -44,6 +48,22 @@ def _op():
 
         _OP = cpu_gemm.extension_op("masked_attention", fake)
     return _OP
+
+
+def set_way(name: str) -> None:
+    """Set how the op computes float32 calls (:data:`WAYS`; process-wide, for A/Bs): ``"tiled"``
+    (default) or ``"sdpa"``. A ValueError names a bad one; nothing happens without the extension."""
+    if name not in WAYS:
+        raise ValueError(f"attention way must be one of {WAYS}, got '{name}'")
+    ext = cpu_gemm._load()
+    if ext is not None:
+        getattr(torch.ops, ext.__name__).set_attention_way(WAYS.index(name))
+
+
+def way() -> str | None:
+    """The way :func:`set_way` set (``None`` without the extension)."""
+    ext = cpu_gemm._load()
+    return None if ext is None else WAYS[getattr(torch.ops, ext.__name__).attention_way()]
 
 
 def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -91,3 +91,65 @@ def test_what_the_op_does_not_take_goes_to_the_reference(monkeypatch):
     assert not cpu_attention.applies(q, k, v, mask)
     out = cpu_attention.masked_attention(q, k[:, :, :14], v[:, :, :14], mask[..., :14])
     torch.testing.assert_close(out, cpu_attention.masked_attention_reference(q, k[:, :, :14], v[:, :, :14], mask[..., :14]))
+
+
+@pytest.fixture
+def attention_way():
+    """Set the op's way for a test; the default ("tiled") is put back after it."""
+    yield cpu_attention.set_way
+    if cpu_attention.available():
+        cpu_attention.set_way("tiled")
+
+
+@needs_op
+@pytest.mark.parametrize("way", cpu_attention.WAYS)
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 12, 17, 33, 61])
+def test_each_way_equals_the_reference_on_random_trees(attention_way, way, T):
+    """Both ways, at node counts whose rows fill the tiled loop's 16-lane blocks unevenly (T padded to
+    a power of two below 16 and to a multiple of 16 above, 3 query heads a KV head), batch masks,
+    and a head dim the loop does not take (12: SDPA)."""
+    attention_way(way)
+    assert cpu_attention.way() == way
+    gen = torch.Generator().manual_seed(T)
+    for B, Hkv, groups, D, batch_mask in [(1, 3, 3, 64, False), (2, 2, 1, 16, True), (1, 1, 4, 12, False)]:
+        q, k, v, mask = _case(B, Hkv, groups, T, 45, 256, D, gen, batch_mask=batch_mask)
+        out = cpu_attention.masked_attention(q, k, v, mask, 0.2)
+        assert torch.isfinite(out).all()
+        ref = cpu_attention.masked_attention_reference(q, k[:, :, :45 + T], v[:, :, :45 + T], mask[..., :45 + T], 0.2)
+        # (outputs are sums of signed values of ~1: an absolute bound a few float32 ulps of 1)
+        torch.testing.assert_close(out, ref, atol=4e-6, rtol=1e-5)
+
+
+@needs_op
+def test_rows_that_see_nothing_get_zeros_and_do_not_disturb_the_others(attention_way):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, mask = _case(1, 3, 3, 9, 30, 128, 64, gen)
+    mask[0, 0, 4] = False  # row 4 sees no key at all
+    mask[0, 0, 6, :30] = False  # row 6 sees its own branch only (keys of the second thread's share)
+    for way in cpu_attention.WAYS:
+        attention_way(way)
+        out = cpu_attention.masked_attention(q, k, v, mask, 0.125)
+        ref = cpu_attention.masked_attention_reference(q, k[:, :, :39], v[:, :, :39], mask[..., :39], 0.125)
+        keep = [t for t in range(9) if t != 4]
+        torch.testing.assert_close(out[:, keep], ref[:, keep], atol=4e-6, rtol=1e-5)
+        if way == "tiled":
+            assert torch.equal(out[:, 4], torch.zeros_like(out[:, 4]))
+
+
+@needs_op
+def test_a_rows_result_does_not_depend_on_the_other_rows(attention_way):
+    """Tiled loop: each row's output is bitwise the same computed with the whole tree or alone (the
+    same keys: the row sees the last key any row sees)."""
+    attention_way("tiled")
+    gen = torch.Generator().manual_seed(6)
+    q, k, v, mask = _case(1, 3, 3, 16, 200, 512, 64, gen)
+    mask[0, 0, :, 215] = True  # every row sees the last key, so a row alone cuts at the same place
+    out = cpu_attention.masked_attention(q, k, v, mask, 0.125)
+    for t in (0, 5, 15):
+        alone = cpu_attention.masked_attention(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125)
+        assert torch.equal(alone[:, 0], out[:, t])
+
+
+def test_set_way_rejects_an_unknown_way():
+    with pytest.raises(ValueError, match="attention way must be one of"):
+        cpu_attention.set_way("flash")
