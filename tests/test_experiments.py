@@ -148,7 +148,7 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, head or tiles"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, attention-way, head or tiles"):
         ab.sides("cache", None, "")
 
 
@@ -179,6 +179,28 @@ def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch)
         if cpu_attention.available():
             assert bool(taken) == (t is shipped)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_step_ab_attention_way_sides_switch_the_op():
+    """--what attention-way: one Target; each side's call sets the op's way, and the shipped way is
+    what is left set."""
+    from conftest import make_tiny_model
+
+    from eagle_kernels import cpu_attention
+
+    if not cpu_attention.available():
+        return  # the script refuses this A/B without the extension
+    ab = _script("compiled_step_ab")
+    named = ab.sides("attention-way", make_tiny_model("llama"), "")
+    assert list(named) == ["SDPA", "tiled loop (shipped)"]
+    (t1, sdpa), (t2, tiled) = named.values()
+    assert t1 is t2
+    try:
+        sdpa()
+        assert cpu_attention.way() == "sdpa"
+    finally:
+        tiled()
+    assert cpu_attention.way() == "tiled"
 
 
 def test_compiled_step_ab_head_sides_differ_only_in_the_greedy_head():
