@@ -34,7 +34,7 @@
 namespace {
 
 // 0: float32 calls on AVX-512 take the tiled loop below, others SDPA; 1: every call SDPA (for A/Bs:
-// kernels/bench_tree_attention.py --cpu-ways)
+// experiments/compiled_step_ab.py --what attention-way)
 int64_t attention_way_setting = 0;
 
 #if defined(__AVX512F__)
@@ -56,7 +56,8 @@ constexpr int64_t AL = 16;  // lanes: query rows per block
 
 inline __m512 exp_ps(__m512 x) {
   // e^x, Cephes' single-precision polynomial: e^x = 2^n e^r, n = round(x log2 e), |r| <= ln 2 / 2,
-  // e^r = 1 + r + r^2 p(r); 2^n applied with scalef (underflows to 0 below e^-87)
+  // e^r = 1 + r + r^2 p(r); 2^n applied with scalef (subnormal results below e^-87, 0 below e^-103).
+  // The loop calls it on scores minus their row's max (<= 0); a lane's masked keys are zeroed after.
   x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
