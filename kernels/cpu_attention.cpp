@@ -290,11 +290,16 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
           const int64_t at = lane0 + blk0 * AL;
           const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
-          switch (width) {
-            case 1: attend_share<1>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
-            case 2: attend_share<2>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
-            default: attend_share<3>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1, kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen); break;
-          }
+          auto run = [&](auto nb) {  // nb: the group's blocks, a compile-time constant
+            attend_share<decltype(nb)::value>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1,
+                                              kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen);
+          };
+          if (width == 1)
+            run(std::integral_constant<int, 1>{});
+          else if (width == 2)
+            run(std::integral_constant<int, 2>{});
+          else
+            run(std::integral_constant<int, 3>{});
         }
       }
     }
