@@ -165,43 +165,51 @@ struct Layout {  // how a KV head's query rows map to lanes
   }
 };
 
-template <int NB>
-void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t ldk, const float* vd, int64_t ldv,
-                  int64_t D, const uint64_t* vis, int64_t c0, int64_t c1, int64_t kvh, int64_t blk0, const Layout& lay,
-                  float scale, Partial part, std::vector<float>& qp, std::vector<float>& s,
-                  std::vector<__mmask16>& lanes, std::vector<uint8_t>& seen) {
-  // qd/qs: q's data (batch b applied) and strides (B, Hq, T, D); kd/vd: KV head kvh's keys / values
-  const int64_t W = NB * AL, L = c1 - c0;
-  int64_t head[NB * AL], node[NB * AL];
-  for (int64_t l = 0; l < W; ++l) {
-    int64_t j, t;
-    lay.lane(blk0, l, j, t);
-    head[l] = j < 0 ? -1 : kvh * lay.G + j;
-    node[l] = t;
-  }
-  // the queries packed (NB, D, 16), scaled
-  qp.assign(NB * D * AL, 0.f);
-  for (int64_t l = 0; l < W; ++l) {
-    if (head[l] < 0) continue;
-    const float* qr = qd + head[l] * qs[1] + node[l] * qs[2];
-    for (int64_t d = 0; d < D; ++d) qp[((l / AL) * D + d) * AL + l % AL] = qr[d * qs[3]] * scale;
-  }
-  // per key and block, the lanes that see it (16-bit lane masks); keys no lane of the group sees
-  lanes.resize(L * NB);
+void lane_masks(const uint64_t* vis, int64_t c0, int64_t c1, int64_t blk0, int64_t nb, const Layout& lay,
+                std::vector<__mmask16>& lanes, std::vector<uint8_t>& seen) {
+  // for keys c0 .. c1 - 1 and the nb blocks from blk0: per key and block the lanes that see it
+  // (lanes (L, nb), 16-bit masks), and per key whether any lane of the group does (seen (L,)); the
+  // same for every KV head, so a share computes them once per group
+  const int64_t L = c1 - c0;
+  lanes.resize(L * nb);
   seen.assign(L, 0);
-  for (int64_t j = 0; j < NB; ++j) {
+  for (int64_t j = 0; j < nb; ++j) {
     uint64_t valid = 0;  // lanes of block j holding a row
-    for (int64_t l = 0; l < AL; ++l) valid |= uint64_t(head[j * AL + l] >= 0) << l;
-    const int64_t t0 = node[j * AL];  // Tp >= 16: the block's lanes are nodes t0 .. t0 + 15
-    uint64_t rep = 0;                 // Tp < 16: lanes repeat nodes 0 .. Tp - 1
+    int64_t t0 = 0;      // Tp >= 16: the block's lanes are nodes t0 .. t0 + 15
+    for (int64_t l = 0; l < AL; ++l) {
+      int64_t h, t;
+      lay.lane(blk0 + j, l, h, t);
+      valid |= uint64_t(h >= 0) << l;
+      if (l == 0) t0 = t;
+    }
+    uint64_t rep = 0;  // Tp < 16: lanes repeat nodes 0 .. Tp - 1
     for (int64_t h = 0; h < AL; h += lay.Tp) rep |= uint64_t(1) << h;
     const uint64_t low = lay.Tp >= 64 ? ~uint64_t(0) : (uint64_t(1) << lay.Tp) - 1;
     for (int64_t c = 0; c < L; ++c) {
       const uint64_t m = lay.Tp >= AL ? vis[c0 + c] >> t0 : (vis[c0 + c] & low) * rep;  // no carries: low < 2^Tp
       const auto lm = static_cast<__mmask16>(m & valid);
-      lanes[c * NB + j] = lm;
+      lanes[c * nb + j] = lm;
       seen[c] |= lm != 0;
     }
+  }
+}
+
+template <int NB>
+void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t ldk, const float* vd, int64_t ldv,
+                  int64_t D, int64_t c0, int64_t c1, int64_t kvh, int64_t blk0, const Layout& lay, float scale,
+                  const std::vector<__mmask16>& lanes, const std::vector<uint8_t>& seen, Partial part,
+                  std::vector<float>& qp, std::vector<float>& s) {
+  // qd/qs: q's data (batch b applied) and strides (B, Hq, T, D); kd/vd: KV head kvh's keys / values;
+  // lanes / seen: the group's lane masks over keys c0 .. c1 - 1 (`lane_masks`)
+  const int64_t W = NB * AL, L = c1 - c0;
+  // the queries packed (NB, D, 16), scaled
+  qp.assign(NB * D * AL, 0.f);
+  for (int64_t l = 0; l < W; ++l) {
+    int64_t j, t;
+    lay.lane(blk0, l, j, t);
+    if (j < 0) continue;
+    const float* qr = qd + (kvh * lay.G + j) * qs[1] + t * qs[2];
+    for (int64_t d = 0; d < D; ++d) qp[((l / AL) * D + d) * AL + l % AL] = qr[d * qs[3]] * scale;
   }
   // scores (L, W), then probabilities in place
   s.resize(L * W);
@@ -282,17 +290,17 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / shares, sh = w % shares, c0 = sh * per, c1 = std::min(L, c0 + per);
       const uint64_t* vb = vis.data() + (Bm == 1 ? 0 : b) * L;
-      for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-        const float* kd = k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1);
-        const float* vd = v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1);
-        const int64_t lane0 = ((b * shares + sh) * Hkv + kvh) * lanes_per_head;
-        for (int64_t g = 0; g < groups; ++g) {
-          const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
-          const int64_t at = lane0 + blk0 * AL;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
+        lane_masks(vb, c0, c1, blk0, width, lay, lanes, seen);
+        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+          const float* kd = k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1);
+          const float* vd = v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1);
+          const int64_t at = ((b * shares + sh) * Hkv + kvh) * lanes_per_head + blk0 * AL;
           const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
           auto run = [&](auto nb) {  // nb: the group's blocks, a compile-time constant
-            attend_share<decltype(nb)::value>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, vb, c0, c1,
-                                              kvh, blk0, lay, sc, part, qp, sbuf, lanes, seen);
+            attend_share<decltype(nb)::value>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, c0, c1, kvh,
+                                              blk0, lay, sc, lanes, seen, part, qp, sbuf);
           };
           if (width == 1)
             run(std::integral_constant<int, 1>{});
