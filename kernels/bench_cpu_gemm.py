@@ -61,20 +61,24 @@ def _rotating_medians(ways: dict, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def prefetch_ab(weights, rows, rounds: int, gen) -> int:
-    """The kernel against a build of the same source without its weight prefetch (``-DCPU_GEMM_NO_PREFETCH``)."""
-    plain_build = cpu_gemm._build("-noprefetch", ("CPU_GEMM_NO_PREFETCH",))
-    fast = cpu_gemm._load()
-    print("| rows | without prefetch, ms | with prefetch, ms | ratio |")
-    print("|---:|---:|---:|---:|")
-    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for both builds
+def _builds_medians(builds: dict, weights, rows, rounds: int, gen):
+    """Per row count ``r``: ``(r, {name: median ms})`` of each build's ``packed_linear`` over every
+    weight, on one packed layout shared by all builds, in rotating order."""
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
     with torch.no_grad():
         for r in rows:
             xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
-            med = _rotating_medians({"off": lambda: [plain_build.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs],
-                                     "on": lambda: [fast.packed_linear(xs[p.shape[1]], p, n, None) for p, n in packs]},
-                                    rounds)
-            print(f"| {r} | {med['off']:.1f} | {med['on']:.1f} | {med['on'] / med['off']:.2f} |", flush=True)
+            yield r, _rotating_medians({name: (lambda e=e: [e.packed_linear(xs[p.shape[1]], p, n, None)
+                                                            for p, n in packs]) for name, e in builds.items()}, rounds)
+
+
+def prefetch_ab(weights, rows, rounds: int, gen) -> int:
+    """The kernel against a build of the same source without its weight prefetch (``-DCPU_GEMM_NO_PREFETCH``)."""
+    builds = {"off": cpu_gemm._build("-noprefetch", ("CPU_GEMM_NO_PREFETCH",)), "on": cpu_gemm._load()}
+    print("| rows | without prefetch, ms | with prefetch, ms | ratio |")
+    print("|---:|---:|---:|---:|")
+    for r, med in _builds_medians(builds, weights, rows, rounds, gen):
+        print(f"| {r} | {med['off']:.1f} | {med['on']:.1f} | {med['on'] / med['off']:.2f} |", flush=True)
     return 0
 
 
@@ -141,17 +145,12 @@ def variants(weights, rows, rounds: int, gen, specs) -> int:
         builds[name] = cpu_gemm._build(f"-var-{name}", defines)
     for ext in builds.values():  # the width this machine measured, for every build (a new build starts at 1)
         ext.set_tile_blocks(builds["shipped"].tile_blocks())
-    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
     names = list(builds)
     print("| rows | " + " | ".join(f"{n}, ms" for n in names) + " | " + " | ".join(f"{n} / shipped" for n in names[1:]) + " |")
     print("|---:|" + "---:|" * (2 * len(names) - 1))
-    with torch.no_grad():
-        for r in rows:
-            xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
-            med = _rotating_medians({n: (lambda e=e: [e.packed_linear(xs[p.shape[1]], p, n_out, None)
-                                                      for p, n_out in packs]) for n, e in builds.items()}, rounds)
-            cells = [f"{med[n]:.1f}" for n in names] + [f"{med[n] / med['shipped']:.3f}" for n in names[1:]]
-            print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
+    for r, med in _builds_medians(builds, weights, rows, rounds, gen):
+        cells = [f"{med[n]:.1f}" for n in names] + [f"{med[n] / med['shipped']:.3f}" for n in names[1:]]
+        print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
