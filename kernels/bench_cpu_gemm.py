@@ -63,7 +63,11 @@ def _rotating_medians(ways: dict, rounds: int) -> dict[str, float]:
 
 def _builds_medians(builds: dict, weights, rows, rounds: int, gen):
     """Per row count ``r``: ``(r, {name: median ms})`` of each build's ``packed_linear`` over every
-    weight, on one packed layout shared by all builds, in rotating order."""
+    weight, on one packed layout shared by all builds, in rotating order. Every build runs at the
+    tile width the shipped build measured on this machine (a new build starts at 1)."""
+    width = cpu_gemm._load().tile_blocks()
+    for ext in builds.values():
+        ext.set_tile_blocks(width)
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
     with torch.no_grad():
         for r in rows:
@@ -143,8 +147,6 @@ def variants(weights, rows, rounds: int, gen, specs) -> int:
     builds = {"shipped": cpu_gemm._load()}
     for name, defines in specs:
         builds[name] = cpu_gemm._build(f"-var-{name}", defines)
-    for ext in builds.values():  # the width this machine measured, for every build (a new build starts at 1)
-        ext.set_tile_blocks(builds["shipped"].tile_blocks())
     names = list(builds)
     print("| rows | " + " | ".join(f"{n}, ms" for n in names) + " | " + " | ".join(f"{n} / shipped" for n in names[1:]) + " |")
     print("|---:|" + "---:|" * (2 * len(names) - 1))
