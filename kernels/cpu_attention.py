@@ -6,8 +6,10 @@ A compiled step has fixed shapes, so it hands attention the whole cache buffer (
 slots) with a mask that hides the empty ones, and PyTorch's CPU flash attention works through all
 of them. The op cuts the keys off after the last slot any query sees (scanning the mask: a
 data-dependent length, which a graph could only get with a host sync and a new shape per step) and
-runs the same SDPA on the rest in its grouped-query form (each KV head read once for its query
-heads, no K/V copies).
+attends over the rest: float32 calls on AVX-512 builds through its own tiled loop (query rows in
+the vector lanes, the keys split between the threads; :func:`set_way` switches it off for A/Bs),
+the others through SDPA in its grouped-query form (each KV head read once for its query heads, no
+K/V copies).
 
 As for the other kernels:
 
@@ -82,8 +84,8 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      scale: float | None = None) -> torch.Tensor:
     """``softmax(scale * q k^T, masked) v`` per query head -> ``(B, T, Hq, D)`` (transformers'
     attention output layout): ``query (B, Hq, T, D)``, ``key / value (B, Hkv, C, D)`` (query head h
-    reads KV head ``h // (Hq // Hkv)``), ``mask (B or 1, 1, T, C)`` bool, True = attend; SDPA's
-    arithmetic on the keys up to the last one any row sees. Falls back to
+    reads KV head ``h // (Hq // Hkv)``), ``mask (B or 1, 1, T, C)`` bool, True = attend; over the keys
+    up to the last one any row sees (the tiled loop or SDPA, see the module docstring). Falls back to
     :func:`masked_attention_reference` where :func:`applies` is false."""
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     if not applies(query, key, value, mask):
