@@ -46,6 +46,12 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
+``--what plan``: the small-row kernel's settings as first shipped (``cpu_gemm.DEFAULT_PLAN``: 4 KB
+of prefetch, turns for more than 8 rows) against the plan chosen on this machine at load
+(``cpu_gemm.plan()``, switched between calls). One Target, the same graphs.
+
+    python experiments/compiled_step_ab.py --what plan --sizes 1,4,8,16,32
+
 ``--products``: with ``tiles``, SmolLM2's 211 products alone (random weights in its shapes, the
 same packed copies for every width) instead of whole steps.
 """
@@ -186,7 +192,18 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
-    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head or tiles, got '{what}'")
+    if what == "plan":
+        from eagle_kernels import cpu_gemm
+
+        if not cpu_gemm.available():
+            raise SystemExit(f"the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}")
+        t = eagle.Target(model, "reference", runtime())
+        chosen = cpu_gemm.plan()
+        default = {**cpu_gemm.DEFAULT_PLAN, "width": chosen["width"]}  # the width has its own A/B (tiles)
+        print(f"# buckets on the kernel: {sorted(t.stream_rows)}; default {default}; chosen {chosen}")
+        return {"default plan": (t, lambda: cpu_gemm.set_plan(**default)),
+                "chosen plan (shipped)": (t, lambda: cpu_gemm.set_plan(**chosen))}
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -268,7 +285,7 @@ def product_rows(sizes, rounds) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "attention-way", "head",
-                                                        "tiles"])
+                                                        "tiles", "plan"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prefix", type=int, default=300)

@@ -11,6 +11,8 @@ read speed (a 512 MB sum) is measured in the same run, for the floor.
     python kernels/bench_cpu_gemm.py --against 98f5ce6 --rows 1,4,8,16,32   # this kernel vs a git revision's
     python kernels/bench_cpu_gemm.py --rows 8,16 \
         --variants "pf8k:CPU_GEMM_PREFETCH_BYTES=8192,chunk32:CPU_GEMM_CHUNK_K=32"   # builds with other settings
+    python kernels/bench_cpu_gemm.py --rows 1,8,16,32 \
+        --plans "pf16k:prefetch_many=16384,blocks:turns=0;prefetch_many=16384"   # settings of the one build (the start-up choice's candidates)
 """
 from __future__ import annotations
 
@@ -64,10 +66,13 @@ def _rotating_medians(ways: dict, rounds: int) -> dict[str, float]:
 def _builds_medians(builds: dict, weights, rows, rounds: int, gen):
     """Per row count ``r``: ``(r, {name: median ms})`` of each build's ``packed_linear`` over every
     weight, on one packed layout shared by all builds, in rotating order. Every build runs at the
-    tile width the shipped build measured on this machine (a new build starts at 1)."""
-    width = cpu_gemm._load().tile_blocks()
+    settings the shipped build measured on this machine (``cpu_gemm.plan()``; a new build starts at
+    its defaults)."""
+    chosen = cpu_gemm.plan()
     for ext in builds.values():
-        ext.set_tile_blocks(width)
+        ext.set_tile_blocks(chosen["width"])
+        ext.set_prefetch_bytes(chosen["prefetch"], chosen["prefetch_many"])
+        ext.set_turns(bool(chosen["turns"]))
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
     with torch.no_grad():
         for r in rows:
@@ -105,6 +110,14 @@ def against(weights, rows, rounds: int, gen, rev: str) -> int:
     fast = cpu_gemm._load()
     if hasattr(base, "set_tile_blocks"):  # the width this machine measured, for both (a new build starts at 1)
         base.set_tile_blocks(min(fast.tile_blocks(), base.MAX_TILE_BLOCKS))
+    chosen = cpu_gemm.plan()  # and the other settings, where the revision has them
+    if hasattr(base, "set_turns"):
+        base.set_turns(bool(chosen["turns"]))
+    if hasattr(base, "set_prefetch_bytes"):
+        try:
+            base.set_prefetch_bytes(chosen["prefetch"], chosen["prefetch_many"])
+        except TypeError:  # a revision with one distance for every call
+            pass
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
     if hasattr(base, "packed_linear"):
         base_packs = [(base.pack(w), w.shape[0]) for w in weights]
@@ -153,6 +166,64 @@ def variants(weights, rows, rounds: int, gen, specs) -> int:
     for r, med in _builds_medians(builds, weights, rows, rounds, gen):
         cells = [f"{med[n]:.1f}" for n in names] + [f"{med[n] / med['shipped']:.3f}" for n in names[1:]]
         print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+PLAN_KEYS = ("width", "prefetch", "prefetch_many", "turns")  # cpu_gemm.plan()'s settings
+
+
+def parse_plans(text: str) -> list[tuple[str, dict[str, int]]]:
+    """``"a:width=1;prefetch_many=16384;turns=0,b:turns=1"`` -> ``[("a", {...}), ("b", {...})]``:
+    settings of the one build (``cpu_gemm.plan()``: tile width for <= 8 rows, prefetch distances in
+    bytes for <= 8 / more rows, turns for > 8 rows); a key left out keeps this machine's chosen
+    value. Raises ValueError."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, body = item.partition(":")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9]+", name):
+            raise ValueError(f"--plans: '{item}' is not NAME:KEY=VALUE[;KEY=VALUE...] (NAME letters and digits)")
+        plan = {}
+        for part in filter(None, (t.strip() for t in body.split(";"))):
+            key, eq, value = part.partition("=")
+            if key not in PLAN_KEYS or not eq or not value.isdigit():
+                raise ValueError(f"--plans: '{part}' is not one of {', '.join(k + '=INT' for k in PLAN_KEYS)}")
+            plan[key] = int(value)
+        out.append((name, plan))
+    if not out or len({n for n, _ in out}) != len(out):
+        raise ValueError("--plans: give at least one plan, each name once")
+    return out
+
+
+def plans(weights, rows, rounds: int, gen, specs) -> int:
+    """This machine's chosen settings of the kernel against other settings of the same build (see
+    :func:`parse_plans`), on the same packed weights in rotating order; each timing sets its plan
+    first (the settings change no bit, only the speed)."""
+    ext = cpu_gemm._load()
+    chosen = cpu_gemm.plan()
+    settings = {"chosen": chosen, **{name: {**chosen, **plan} for name, plan in specs}}
+    packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
+    names = list(settings)
+    print("# chosen here: " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + "; "
+          + "; ".join(f"{n}: " + ", ".join(f"{k}={v}" for k, v in settings[n].items()) for n in names[1:]))
+    print("| rows | " + " | ".join(f"{n}, ms" for n in names) + " | " + " | ".join(f"{n} / chosen" for n in names[1:]) + " |")
+    print("|---:|" + "---:|" * (2 * len(names) - 1))
+
+    def way(plan, xs):
+        def fn():
+            cpu_gemm.set_plan(**plan)
+            for p, n in packs:
+                ext.packed_linear(xs[p.shape[1]], p, n, None)
+        return fn
+
+    try:
+        with torch.no_grad():
+            for r in rows:
+                xs = {k: torch.randn(r, k, generator=gen) for k in {w.shape[1] for w in weights}}
+                med = _rotating_medians({n: way(settings[n], xs) for n in names}, rounds)
+                cells = [f"{med[n]:.1f}" for n in names] + [f"{med[n] / med['chosen']:.3f}" for n in names[1:]]
+                print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        cpu_gemm.set_plan(**chosen)
     return 0
 
 
@@ -209,10 +280,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", metavar="NAME:DEFINE[;DEFINE],...",
                     help="instead: the kernel against builds of the same source with CPU_GEMM_* switches set "
                          "(e.g. pf8k:CPU_GEMM_PREFETCH_BYTES=8192), same weights")
+    ap.add_argument("--plans", metavar="NAME:KEY=VALUE[;KEY=VALUE],...",
+                    help="instead: the kernel at this machine's chosen settings against other settings of the same "
+                         "build (keys: width, prefetch, prefetch_many (bytes), turns (0/1)), same weights")
     args = ap.parse_args(argv)
     try:
         rows = positive_ints(args.rows, "--rows")
         specs = parse_variants(args.variants) if args.variants is not None else None
+        plan_specs = parse_plans(args.plans) if args.plans is not None else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -229,6 +304,8 @@ def main(argv=None) -> int:
         return against(weights, rows, args.rounds, gen, args.against)
     if specs is not None:
         return variants(weights, rows, args.rounds, gen, specs)
+    if plan_specs is not None:
+        return plans(weights, rows, args.rounds, gen, plan_specs)
     bw = read_bandwidth_gbs()
     if args.roofline:
         return roofline(weights, rows, args.rounds, gen, bw)

@@ -44,20 +44,25 @@
 namespace {
 
 constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
-// How far ahead in a block's stream, and into which cache: 4 KB (64 steps of float32 lines) into L2.
-// On the Intel Xeon with AMX, SmolLM2's 211 products streamed 1.05x (1 row), 1.15x (8 rows of one
-// block) and 1.12x (16 rows) faster than with 8 KB into L1 (the AMD EPYC's choice), in a C++ loop.
+// How far ahead in a block's stream, and into which cache: by default 4 KB (64 steps of float32
+// lines) into L2. On the Intel Xeon with AMX, SmolLM2's 211 products streamed 1.05x (1 row), 1.15x
+// (8 rows of one block) and 1.12x (16 rows) faster than with 8 KB into L1 (the AMD EPYC's choice),
+// in a C++ loop. The distance is a setting, one for calls of up to 8 rows and one for more
+// (`set_prefetch_bytes`), measured per machine by cpu_gemm.py: with 16 rows of arithmetic per line
+// (8 FMA cycles) 4 KB ahead is too short on the AMD EPYC Zen 5, where one-block tiles of 16 rows
+// streamed at the one-row speed only from ~12 KB ahead.
 // The CPU_GEMM_* switches below exist for `kernels/bench_cpu_gemm.py --variants` only (builds of
 // this source with other settings, timed side by side); the library never defines them.
 #ifndef CPU_GEMM_PREFETCH_BYTES
 #define CPU_GEMM_PREFETCH_BYTES 4096
 #endif
-constexpr int64_t PREFETCH_BYTES = CPU_GEMM_PREFETCH_BYTES;
+int64_t prefetch_few_setting = CPU_GEMM_PREFETCH_BYTES;   // calls of up to 8 rows
+int64_t prefetch_many_setting = CPU_GEMM_PREFETCH_BYTES;  // calls of more rows
 
 template <typename W>  // W: float, or uint16_t for bfloat16 weights (half a line per step)
-inline void prefetch_line(const W* p, int64_t k) {
+inline void prefetch_line(const W* p, int64_t k, int64_t steps) {
+  // steps: how many lines ahead of line k (the call's prefetch distance in lines of W)
 #ifndef CPU_GEMM_NO_PREFETCH  // defined only by kernels/bench_cpu_gemm.py --prefetch-ab, for the A/B
-  constexpr int64_t steps = PREFETCH_BYTES / (LANES * static_cast<int64_t>(sizeof(W)));
 #ifdef CPU_GEMM_PREFETCH_EVEN  // every other line only (its neighbour left to the adjacent-line prefetcher)
   if (k & 1) return;
 #endif
@@ -83,13 +88,13 @@ inline __m512 load_w(const uint16_t* p) {
 
 template <int MT, typename W>
 inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
-                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias, int64_t pf) {
   // xt: (K, ldx) transposed rows, this tile's MT rows from column 0; p: one block (K, 16);
-  // y: MT rows (stride ldy), outputs n .. n + 16 (those < N written)
+  // y: MT rows (stride ldy), outputs n .. n + 16 (those < N written); pf: prefetch distance, lines
   __m512 acc[MT];
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    prefetch_line(p, k);
+    prefetch_line(p, k, pf);
     const __m512 wv = load_w(p + k * LANES);
     const float* xk = xt + k * ldx;
     for (int i = 0; i < MT; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[i]), acc[i]);
@@ -108,7 +113,8 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 // (cpu_gemm.py, `_choose_tile_blocks`).
 template <int NB, int MT, typename W>
 inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
-                    float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+                    float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias,
+                    int64_t pf) {
   __m512 acc[NB][MT];
 #pragma GCC unroll 4
   for (int j = 0; j < NB; ++j)
@@ -118,7 +124,7 @@ inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict
     __m512 w[NB];
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
-      prefetch_line(p + j * K * LANES, k);
+      prefetch_line(p + j * K * LANES, k, pf);
       w[j] = load_w(p + j * K * LANES + k * LANES);
     }
     const float* xk = xt + k * ldx;
@@ -161,7 +167,7 @@ inline void load_w(const uint16_t* p, __m256& w0, __m256& w1) {  // bfloat16 wid
 
 template <int MT, typename W>
 inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
-                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias) {
+                 float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias, int64_t pf) {
   // as the AVX-512 tile; lo/hi: outputs n .. n + 7 and n + 8 .. n + 15 of each row. The unroll
   // pragmas keep the accumulators in registers: without them GCC also stored every accumulator to
   // the stack on each k step (3x slower at 4-16 rows).
@@ -172,7 +178,7 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
     hi[i] = _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < K; ++k) {
-    prefetch_line(p, k);
+    prefetch_line(p, k, pf);
     __m256 w0, w1;
     load_w(p + k * LANES, w0, w1);
     const float* xk = xt + k * ldx;
@@ -198,9 +204,9 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 
 template <typename W>
 void rows_tile(int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K, float* y, int64_t ldy,
-               int64_t n, int64_t N, const float* bias) {
+               int64_t n, int64_t N, const float* bias, int64_t pf) {
   switch (rows) {
-#define CASE(R) case R: tile<R, W>(xt, ldx, p, K, y, ldy, n, N, bias); break;
+#define CASE(R) case R: tile<R, W>(xt, ldx, p, K, y, ldy, n, N, bias, pf); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #if defined(__AVX512F__)
     CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
@@ -214,9 +220,9 @@ void rows_tile(int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K
 constexpr int64_t WIDE_MAX_MT = 8;  // rows per wide tile, at most: 3 x 8 accumulators + 3 weight lines of 32 zmm
 template <typename W>
 void rows_tile_wide(int64_t nb, int64_t rows, const float* xt, int64_t ldx, const W* p, int64_t K, float* y,
-                    int64_t ldy, int64_t n, int64_t N, const float* bias) {
+                    int64_t ldy, int64_t n, int64_t N, const float* bias, int64_t pf) {
   switch (nb * 16 + rows) {
-#define CASE(NB, R) case NB * 16 + R: tile_nb<NB, R, W>(xt, ldx, p, K, y, ldy, n, N, bias); break;
+#define CASE(NB, R) case NB * 16 + R: tile_nb<NB, R, W>(xt, ldx, p, K, y, ldy, n, N, bias, pf); break;
     CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
     CASE(3, 1) CASE(3, 2) CASE(3, 3) CASE(3, 4) CASE(3, 5) CASE(3, 6) CASE(3, 7) CASE(3, 8)
 #undef CASE
@@ -239,7 +245,7 @@ constexpr int64_t CHUNK_K = CPU_GEMM_CHUNK_K;
 
 template <int NB, int MT, typename W>
 inline void tile_turn(const float* __restrict xt, const W* __restrict p, int64_t K, int64_t k0, int64_t k1,
-                      __m512* __restrict acc_io, bool first, bool prefetch) {
+                      __m512* __restrict acc_io, bool first, bool prefetch, int64_t pf) {
   // xt: the group's panel (K, MT); p: the unit's first block (NB blocks of (K, 16), adjacent);
   // acc_io: NB x MT accumulators, read unless `first`, written back
   __m512 acc[NB][MT];
@@ -251,7 +257,7 @@ inline void tile_turn(const float* __restrict xt, const W* __restrict p, int64_t
     __m512 w[NB];
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
-      if (prefetch) prefetch_line(p + j * K * LANES, k);
+      if (prefetch) prefetch_line(p + j * K * LANES, k, pf);
       w[j] = load_w(p + j * K * LANES + k * LANES);
     }
     const float* xk = xt + k * MT;
@@ -270,9 +276,9 @@ inline void tile_turn(const float* __restrict xt, const W* __restrict p, int64_t
 
 template <typename W>
 void rows_turn(int64_t nb, int64_t rows, const float* xt, const W* p, int64_t K, int64_t k0, int64_t k1,
-               __m512* acc, bool first, bool prefetch) {
+               __m512* acc, bool first, bool prefetch, int64_t pf) {
   switch (nb * 16 + rows) {
-#define CASE(NB, R) case NB * 16 + R: tile_turn<NB, R, W>(xt, p, K, k0, k1, acc, first, prefetch); break;
+#define CASE(NB, R) case NB * 16 + R: tile_turn<NB, R, W>(xt, p, K, k0, k1, acc, first, prefetch, pf); break;
     CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
     CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
     CASE(3, 1) CASE(3, 2) CASE(3, 3) CASE(3, 4) CASE(3, 5) CASE(3, 6) CASE(3, 7) CASE(3, 8)
@@ -294,7 +300,7 @@ inline void store_turns(const __m512* acc, int64_t nb, int64_t rows, float* y, i
 
 template <typename W>
 void unit_in_turns(int64_t nb, int64_t groups, const int64_t* starts, const float* xt, const W* p, int64_t K,
-                   float* y, int64_t ldy, int64_t n, int64_t N, const float* bias, __m512* acc) {
+                   float* y, int64_t ldy, int64_t n, int64_t N, const float* bias, __m512* acc, int64_t pf) {
   // one unit of nb blocks (first output n) x every row group g (rows starts[g] .. starts[g + 1] - 1,
   // panel xt + starts[g] * K); acc: room for groups x nb x 8 accumulators
   for (int64_t k0 = 0; k0 < K; k0 += CHUNK_K) {
@@ -306,7 +312,7 @@ void unit_in_turns(int64_t nb, int64_t groups, const int64_t* starts, const floa
 #else
       const bool prefetch = g == 0;
 #endif
-      rows_turn(nb, rows, xt + starts[g] * K, p, K, k0, k1, acc + g * nb * WIDE_MAX_MT, k0 == 0, prefetch);
+      rows_turn(nb, rows, xt + starts[g] * K, p, K, k0, k1, acc + g * nb * WIDE_MAX_MT, k0 == 0, prefetch, pf);
     }
   }
   for (int64_t g = 0; g < groups; ++g)
@@ -318,18 +324,22 @@ using Acc = __m512;  // an accumulator waiting between turns
 constexpr int64_t WIDE_MAX_MT = MAX_MT, MAX_TILE_BLOCKS = 1;  // AVX2: no register room for wide tiles
 template <typename W>
 void rows_tile_wide(int64_t, int64_t, const float*, int64_t, const W*, int64_t, float*, int64_t, int64_t, int64_t,
-                    const float*) {}
+                    const float*, int64_t) {}
 constexpr bool TURNS = false;  // AVX2: more rows take passes over one block (see `tile`)
 using Acc = float;  // unused: no turns
 template <typename W>
 void unit_in_turns(int64_t, int64_t, const int64_t*, const float*, const W*, int64_t, float*, int64_t, int64_t, int64_t,
-                   const float*, Acc*) {}
+                   const float*, Acc*, int64_t) {}
 #endif
 // blocks per tile for calls of at most WIDE_ROWS rows (more rows: units of MAX_TILE_BLOCKS blocks
 // in turns, `unit_in_turns`); set by cpu_gemm.py when the extension loads, to the width a
 // measurement found fastest on this machine
 int64_t tile_blocks_setting = 1;
 constexpr int64_t WIDE_ROWS = 8;
+// calls of more than 8 rows (AVX-512): units of 3 blocks in turns (true), or one block x at most 16
+// rows per tile (false; more rows take passes over the block, the later ones from L1/L2); set by
+// cpu_gemm.py to what a measurement found faster on this machine (the same bits either way)
+bool turns_setting = true;
 }  // namespace
 
 at::Tensor pack(const at::Tensor& w) {
@@ -379,7 +389,7 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   // (`unit_in_turns`). SmolLM2's 211 products at 16 rows took 0.88x the time of one block x 16 rows
   // in a C++ loop on the Intel Xeon with AMX (24.1 against 27.6 ms) and 0.96-1.0x with 3 blocks x 2
   // passes of 8 rows over the whole K (the second pass from L2).
-  const bool turns = TURNS && M > WIDE_ROWS;
+  const bool turns = TURNS && turns_setting && M > WIDE_ROWS;
   const int64_t nb = std::min(turns ? MAX_TILE_BLOCKS : M <= WIDE_ROWS ? tile_blocks_setting : int64_t{1}, blocks);
   const int64_t max_mt = nb > 1 || turns ? WIDE_MAX_MT : MAX_MT;
   const int64_t groups = (M + max_mt - 1) / max_mt;
@@ -404,21 +414,24 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, LANES * K));
   // work units of nb adjacent blocks (the last unit may hold fewer)
   const int64_t units = (blocks + nb - 1) / nb;
+  // the prefetch distance in lines of this weight type (bfloat16 lines are half as long)
+  const int64_t pf_bytes = M > WIDE_ROWS ? prefetch_many_setting : prefetch_few_setting;
   auto run = [&](const auto* pp) {
+    const int64_t pf = pf_bytes / (LANES * static_cast<int64_t>(sizeof(*pp)));
     at::parallel_for(0, units, std::max<int64_t>(1, grain / nb), [&](int64_t u0, int64_t u1) {
       std::vector<Acc> acc(turns ? groups * nb * WIDE_MAX_MT : 0);  // accumulators between turns
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t blk = u * nb, width = std::min(nb, blocks - blk);
         if (turns) {
-          unit_in_turns(width, groups, starts.data(), xt, pp + blk * K * LANES, K, yp, N, blk * LANES, N, bias, acc.data());
+          unit_in_turns(width, groups, starts.data(), xt, pp + blk * K * LANES, K, yp, N, blk * LANES, N, bias, acc.data(), pf);
           continue;
         }
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t m = starts[g], rows = starts[g + 1] - m;
           if (width > 1)
-            rows_tile_wide(width, rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
+            rows_tile_wide(width, rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias, pf);
           else
-            rows_tile(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias);
+            rows_tile(rows, xt + m * K, rows, pp + blk * K * LANES, K, yp + m * N, N, blk * LANES, N, bias, pf);
         }
       }
     });
@@ -541,6 +554,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     tile_blocks_setting = nb;
   }, "blocks of 16 outputs per tile for calls of at most 8 rows (the same results, another speed)");
   m.def("tile_blocks", []() { return tile_blocks_setting; }, "blocks of 16 outputs per tile (calls of <= 8 rows)");
+  m.def("set_prefetch_bytes", [](int64_t few, int64_t many) {
+    for (int64_t bytes : {few, many})
+      TORCH_CHECK(bytes >= 64 && bytes <= (1 << 20) && bytes % 64 == 0,
+                  "set_prefetch_bytes: multiples of 64 from 64 to 1 MiB, got ", bytes);
+    prefetch_few_setting = few;
+    prefetch_many_setting = many;
+  }, "how far ahead in a weight block's stream lines are prefetched, in bytes, in calls of up to 8 rows and of "
+     "more (the same results, another speed)");
+  m.def("prefetch_bytes", []() { return std::make_pair(prefetch_few_setting, prefetch_many_setting); },
+        "how far ahead weights are prefetched, in bytes: (calls of up to 8 rows, calls of more)");
+  m.def("set_turns", [](bool on) { turns_setting = on; },
+        "calls of more than 8 rows: units of 3 blocks in turns (true) or one-block tiles of up to 16 rows (the same results)");
+  m.def("turns", []() { return TURNS && turns_setting; }, "whether calls of more than 8 rows run in turns");
   m.attr("MAX_TILE_BLOCKS") = MAX_TILE_BLOCKS;
   m.attr("ISA") = ISA;
 }

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from eagle.runtime import cpu_flags as _cpu_flags
 from eagle.weightmemo import WeightMemo
 
-__all__ = ["available", "extension_op", "isa", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
+__all__ = ["available", "extension_op", "isa", "plan", "set_plan", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
            "packed_op", "HeldWeight", "held_op", "held_mkl_op"]
 
 _SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
@@ -121,68 +121,111 @@ def _load():
             except Exception as e:  # no compiler, no headers, ...: the plain GEMM is used instead
                 _REASON = f"could not build kernels/cpu_gemm.cpp: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
-            if _EXT is not None:  # outside the build's except: a bad EAGLE_CPU_GEMM_TILE_BLOCKS is its own error
-                _choose_tile_blocks(_EXT)
+            if _EXT is not None:  # outside the build's except: a bad EAGLE_CPU_GEMM_* setting is its own error
+                _choose_plan(_EXT)
         _TRIED = True
     return _EXT
 
 
-def _choose_tile_blocks(ext, repeats: int = 3, mbytes: int = 640) -> int:
-    """Set how many blocks of 16 outputs a tile runs at once in calls of up to 8 rows (1 ..
-    ``ext.MAX_TILE_BLOCKS``; every width gives the same bits): ``EAGLE_CPU_GEMM_TILE_BLOCKS`` if
-    set, else the fastest at 1 and 8 rows over ``mbytes`` of weights (more than the last-level
-    cache, as a decoding step streams them), measured once per machine and build (~1 s) and kept
-    beside the build (``tile_blocks-<threads>t.json``, with the times). Wider tiles feed each
-    broadcast of x to more FMAs and keep more weight streams in flight: faster on an Intel Xeon with
-    AMX, slower at 1 row on the AMD EPYC Zen 4 (docs/results.md). Timed as the other start-up
-    choices (``eagle.packed``: interleaved, best of ``repeats``); one block unless a wider one is
-    faster by ``eagle.packed.MARGIN``."""
+PREFETCH_CANDIDATES = (4096, 16384)  # bytes ahead in a weight's stream, tried at start-up
+DEFAULT_PLAN = {"width": 1, "prefetch": 4096, "prefetch_many": 4096, "turns": 1}  # kept unless beaten by MARGIN
+_PLAN_ENV = {"width": "EAGLE_CPU_GEMM_TILE_BLOCKS", "prefetch": "EAGLE_CPU_GEMM_PREFETCH",
+             "prefetch_many": "EAGLE_CPU_GEMM_PREFETCH_MANY", "turns": "EAGLE_CPU_GEMM_TURNS"}
+
+
+def _forced_plan(ext) -> dict[str, int]:
+    """The settings forced by environment variables (``EAGLE_CPU_GEMM_TILE_BLOCKS=1..3``,
+    ``EAGLE_CPU_GEMM_PREFETCH`` / ``EAGLE_CPU_GEMM_PREFETCH_MANY`` = bytes, a multiple of 64 up to
+    1 MiB, ``EAGLE_CPU_GEMM_TURNS=0|1``); raises ValueError naming a bad value."""
+    top = int(getattr(ext, "MAX_TILE_BLOCKS", 1))
+    ok = {"width": lambda v: 1 <= v <= top, "prefetch": lambda v: 64 <= v <= 2 ** 20 and v % 64 == 0,
+          "turns": lambda v: v in (0, 1)}
+    ok["prefetch_many"] = ok["prefetch"]
+    need = {"width": f"1..{top} here", "prefetch": "a multiple of 64 from 64 to 1048576 (bytes)",
+            "turns": "0 or 1"}
+    need["prefetch_many"] = need["prefetch"]
+    out = {}
+    for key, var in _PLAN_ENV.items():
+        text = os.environ.get(var)
+        if text:
+            if not text.isdigit() or not ok[key](int(text)):
+                raise ValueError(f"{var} must be {need[key]}, got '{text}'")
+            out[key] = int(text)
+    return out
+
+
+def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
+    """Set the kernel's speed settings (:func:`plan`; every setting gives the same bits) to the
+    fastest measured on this machine, once per machine, build and thread count (~1-2 s, kept beside
+    the build in ``plan-<threads>t.json`` with the times), then apply what environment variables
+    force (:func:`_forced_plan`). Calls of up to 8 rows: tile width x prefetch distance, timed at 1
+    and 8 rows; calls of more: turns or one-block tiles x prefetch distance, timed at 16 rows; each
+    over ``mbytes`` of weights (more than the last-level cache, as a decoding step streams them),
+    interleaved, best of ``repeats`` (as ``eagle.packed``'s start-up choices). A setting other than
+    :data:`DEFAULT_PLAN`'s is taken only where it is faster by ``eagle.packed.MARGIN``. What wins
+    differs by machine: three-block tiles and turns on an Intel Xeon with AMX; on the AMD EPYC Zen 5
+    one-block tiles, and for 16 rows one-block tiles with 16 KB of prefetch (0.88x the time of turns
+    with 4 KB; docs/results.md)."""
     import json
 
     from eagle.packed import MARGIN, _timed_pass
 
+    forced = _forced_plan(ext)  # checked first: a bad value is an error even where a record exists
     top = int(getattr(ext, "MAX_TILE_BLOCKS", 1))
-    forced = os.environ.get("EAGLE_CPU_GEMM_TILE_BLOCKS")
-    if forced:
-        if not forced.isdigit() or not 1 <= int(forced) <= top:
-            raise ValueError(f"EAGLE_CPU_GEMM_TILE_BLOCKS must be 1..{top} here, got '{forced}'")
-        ext.set_tile_blocks(int(forced))
-        return int(forced)
-    if top == 1:
-        return 1
+    ext.set_turns(True)
+    turn_options = (1, 0) if ext.turns() else (0,)  # the AVX2 build has no turns
+    default = {**DEFAULT_PLAN, "turns": turn_options[0]}
     threads = torch.get_num_threads()  # the test workers run single-threaded: a record per thread count
-    record = Path(ext.__file__).with_name(f"tile_blocks-{threads}t.json")
+    record = Path(ext.__file__).with_name(f"plan-{threads}t.json")
     machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{threads}"
+    chosen = None
     try:
         saved = json.loads(record.read_text())
-        if saved.get("machine") == machine and 1 <= int(saved["chosen"]) <= top:
-            ext.set_tile_blocks(int(saved["chosen"]))
-            return int(saved["chosen"])
+        if saved.get("machine") == machine and set(saved["chosen"]) == set(default):
+            chosen = {k: int(v) for k, v in saved["chosen"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    n, k = 1536, 576
-    widths = list(range(1, top + 1))
-    with torch.no_grad():
-        # zeros (no denormals), written (no shared zero page); the layout of ext.pack's copies
-        packs = [torch.zeros(n // 16, k, 16) for _ in range(max(1, mbytes * 2 ** 20 // (n * k * 4)))]
-        xs = [torch.randn(r, k, generator=torch.Generator().manual_seed(0)) for r in (1, 8)]
+    if chosen is None:
+        n, k = 1536, 576
+        few = [(w, p) for w in range(1, top + 1) for p in PREFETCH_CANDIDATES]
+        many = [(t, p) for t in turn_options for p in PREFETCH_CANDIDATES]
+        with torch.no_grad():
+            # zeros (no denormals), written (no shared zero page); the layout of ext.pack's copies
+            packs = [torch.zeros(n // 16, k, 16) for _ in range(max(1, mbytes * 2 ** 20 // (n * k * 4)))]
+            gen = torch.Generator().manual_seed(0)
+            xs = {r: torch.randn(r, k, generator=gen) for r in (1, 8, 16)}
 
-        def run(nb: int):
-            def fn():
-                ext.set_tile_blocks(nb)
-                for x in xs:
-                    for p in packs:
-                        ext.packed_linear(x, p, n, None)
-            return fn
+            def run(rows, **settings):
+                def fn():
+                    ext.set_tile_blocks(settings.get("width", 1))
+                    ext.set_prefetch_bytes(settings.get("prefetch", 4096), settings.get("prefetch_many", 4096))
+                    ext.set_turns(bool(settings.get("turns", 0)))
+                    for r in rows:
+                        for p in packs:
+                            ext.packed_linear(xs[r], p, n, None)
+                return fn
 
-        ms = dict(zip(widths, (1e3 * t for t in _timed_pass([run(nb) for nb in widths], repeats))))
-    best = min(ms, key=ms.get)
-    chosen = best if ms[best] < (1 - MARGIN) * ms[1] else 1
-    ext.set_tile_blocks(chosen)
-    try:
-        record.write_text(json.dumps({"machine": machine, "chosen": chosen, "ms": ms}))
-    except OSError:
-        pass
+            times = _timed_pass([run((1, 8), width=w, prefetch=p) for w, p in few]
+                                + [run((16,), turns=t, prefetch_many=p) for t, p in many], repeats)
+        ms_few = {f"width={w} prefetch={p}": 1e3 * sec for (w, p), sec in zip(few, times)}
+        ms_many = {f"turns={t} prefetch_many={p}": 1e3 * sec for (t, p), sec in zip(many, times[len(few):])}
+
+        def pick(options, ms, base):
+            best = min(options, key=lambda o: ms[o])
+            return best if ms[best] < (1 - MARGIN) * ms[base] else base
+
+        w, p = pick(few, dict(zip(few, times)), (default["width"], default["prefetch"]))
+        t, pm = pick(many, dict(zip(many, times[len(few):])), (default["turns"], default["prefetch_many"]))
+        chosen = {"width": w, "prefetch": p, "prefetch_many": pm, "turns": t}
+        try:
+            record.write_text(json.dumps({"machine": machine, "chosen": chosen,
+                                          "ms": {"up to 8 rows (1 + 8)": ms_few, "more rows (16)": ms_many}}))
+        except OSError:
+            pass
+    chosen = {**chosen, **forced}
+    ext.set_tile_blocks(chosen["width"])
+    ext.set_prefetch_bytes(chosen["prefetch"], chosen["prefetch_many"])
+    ext.set_turns(bool(chosen["turns"]))
     return chosen
 
 
@@ -191,6 +234,36 @@ def tile_blocks() -> int:
     unavailable)."""
     ext = _load()
     return 1 if ext is None else int(ext.tile_blocks())
+
+
+def plan() -> dict[str, int]:
+    """The kernel's speed settings here (none changes a bit of any result): ``width``, blocks of 16
+    outputs per tile in calls of up to 8 rows; ``prefetch`` / ``prefetch_many``, how far ahead in a
+    weight's stream lines are prefetched (bytes) in calls of up to 8 rows / of more; ``turns``, 1
+    where calls of more than 8 rows run units of 3 blocks in turns, 0 where they run one-block tiles
+    of up to 16 rows. Empty where the kernel is unavailable."""
+    ext = _load()
+    if ext is None:
+        return {}
+    few, many = ext.prefetch_bytes()
+    return {"width": int(ext.tile_blocks()), "prefetch": int(few), "prefetch_many": int(many),
+            "turns": int(ext.turns())}
+
+
+def set_plan(width: int | None = None, prefetch: int | None = None, prefetch_many: int | None = None,
+             turns: int | bool | None = None) -> None:
+    """Set the kernel's speed settings (see :func:`plan`; ``None`` keeps one): for A/B runs
+    (``kernels/bench_cpu_gemm.py --plans``); at start-up :func:`_choose_plan` sets them."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"the small-row kernel is not available here: {_REASON}")
+    if width is not None:
+        ext.set_tile_blocks(int(width))
+    if prefetch is not None or prefetch_many is not None:
+        few, many = ext.prefetch_bytes()
+        ext.set_prefetch_bytes(int(few if prefetch is None else prefetch), int(many if prefetch_many is None else prefetch_many))
+    if turns is not None:
+        ext.set_turns(bool(turns))
 
 
 def extension_op(name: str, fake=None):

@@ -148,7 +148,7 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, attention-way, head or tiles"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan"):
         ab.sides("cache", None, "")
 
 

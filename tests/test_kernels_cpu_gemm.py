@@ -3,6 +3,8 @@ shapes with K and N tails, bias or not, 1-40 rows; a row's result does not depen
 of the call; anything the kernel does not take goes to the reference."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,19 +82,55 @@ def test_every_tile_width_gives_the_same_bits(dtype):
 
 
 @needs_kernel
-def test_the_tile_width_can_be_forced_and_is_checked(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_plan_gives_the_same_bits(dtype):
+    """Bitwise: calls of more than 8 rows in turns or in one-block tiles of up to 16 rows, and any
+    prefetch distances, give the same outputs (the plan is measured per machine at load)."""
+    before = cpu_gemm.plan()
+    gen = torch.Generator().manual_seed(5)
+    plans = [dict(turns=t, prefetch=p, prefetch_many=q) for t in (1, 0) for p, q in ((4096, 4096), (64, 16384))]
+    try:
+        for N, K in ((16, 40), (37, 64), (131, 577)):
+            w, b = torch.randn(N, K, generator=gen).to(dtype), torch.randn(N, generator=gen).to(dtype)
+            x = torch.randn(40, K, generator=gen).to(dtype)
+            for rows in (1, 8, 9, 13, 16, 17, 33, 40):
+                outs = []
+                for plan in plans:
+                    cpu_gemm.set_plan(**plan)
+                    outs.append(cpu_gemm.small_linear(x[:rows], w, b))
+                assert all(torch.equal(o, outs[0]) for o in outs[1:]), (N, K, rows)
+    finally:
+        cpu_gemm.set_plan(**before)
+
+
+@needs_kernel
+def test_the_plan_can_be_forced_and_is_checked(monkeypatch):
     ext = cpu_gemm._load()
-    before = ext.tile_blocks()
+    before = cpu_gemm.plan()
+    assert set(before) == {"width", "prefetch", "prefetch_many", "turns"}
     try:
         monkeypatch.setenv("EAGLE_CPU_GEMM_TILE_BLOCKS", "1")
-        assert cpu_gemm._choose_tile_blocks(ext) == 1 and ext.tile_blocks() == 1 == cpu_gemm.tile_blocks()
-        monkeypatch.setenv("EAGLE_CPU_GEMM_TILE_BLOCKS", str(ext.MAX_TILE_BLOCKS + 1))
-        with pytest.raises(ValueError, match="EAGLE_CPU_GEMM_TILE_BLOCKS must be 1"):
-            cpu_gemm._choose_tile_blocks(ext)
+        monkeypatch.setenv("EAGLE_CPU_GEMM_PREFETCH", "8192")
+        monkeypatch.setenv("EAGLE_CPU_GEMM_PREFETCH_MANY", "2048")
+        monkeypatch.setenv("EAGLE_CPU_GEMM_TURNS", "0")
+        want = {"width": 1, "prefetch": 8192, "prefetch_many": 2048, "turns": 0}
+        assert cpu_gemm._choose_plan(ext) == want == cpu_gemm.plan()
+        assert ext.tile_blocks() == 1 == cpu_gemm.tile_blocks()
+        for var, bad, match in (("EAGLE_CPU_GEMM_TILE_BLOCKS", str(ext.MAX_TILE_BLOCKS + 1), "EAGLE_CPU_GEMM_TILE_BLOCKS must be 1"),
+                                ("EAGLE_CPU_GEMM_PREFETCH", "100", "EAGLE_CPU_GEMM_PREFETCH must be a multiple of 64"),
+                                ("EAGLE_CPU_GEMM_PREFETCH_MANY", "big", "EAGLE_CPU_GEMM_PREFETCH_MANY must be"),
+                                ("EAGLE_CPU_GEMM_TURNS", "2", "EAGLE_CPU_GEMM_TURNS must be 0 or 1")):
+            good = os.environ[var]
+            monkeypatch.setenv(var, bad)
+            with pytest.raises(ValueError, match=match):
+                cpu_gemm._choose_plan(ext)
+            monkeypatch.setenv(var, good)
         with pytest.raises(RuntimeError, match="set_tile_blocks"):
             ext.set_tile_blocks(0)
+        with pytest.raises(RuntimeError, match="set_prefetch_bytes"):
+            ext.set_prefetch_bytes(4096, 100)
     finally:
-        ext.set_tile_blocks(before)
+        cpu_gemm.set_plan(**before)
 
 
 def _fma32(a: float, b: float, c: float) -> float:
@@ -381,3 +419,38 @@ def test_switches_keep_results_bitwise():
         for rows in (1, 9, 16, 23):
             x = torch.randn(rows, k, generator=gen)
             assert torch.equal(other.packed_linear(x, p, n, b), ext.packed_linear(x, p, n, b)), (n, k, rows)
+
+
+def test_bench_plans_parse_and_reject(capsys):
+    from eagle_kernels import bench_cpu_gemm as bench
+
+    assert bench.parse_plans("a:width=1;prefetch_many=16384, b:turns=0") == [
+        ("a", {"width": 1, "prefetch_many": 16384}), ("b", {"turns": 0})]
+    for bad, msg in [("a", "is not NAME:KEY"), ("a-b:turns=0", "is not NAME"), ("a:speed=2", "is not one of width=INT"),
+                     ("a:turns=x", "is not one of"), ("a:turns=0,a:turns=1", "each name once"), ("", "at least one")]:
+        with pytest.raises(ValueError, match=msg):
+            bench.parse_plans(bad)
+    assert bench.main(["--rows", "1", "--plans", "a:speed=2"]) == 2
+    assert "'speed=2' is not one of" in capsys.readouterr().err
+
+
+@needs_kernel
+def test_bench_plans_table_restores_the_chosen_plan(capsys):
+    """Each plan is timed beside the chosen one (a key left out keeps the chosen value), and the
+    chosen plan is in force again afterwards."""
+    from eagle_kernels import bench_cpu_gemm as bench
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(64, 576, generator=gen), torch.randn(32, 1536, generator=gen)]
+    before = cpu_gemm.plan()
+    specs = bench.parse_plans("far:prefetch_many=16384;turns=0,near:prefetch=128")
+    assert bench.plans(weights, [1, 12], rounds=1, gen=gen, specs=specs) == 0
+    assert cpu_gemm.plan() == before
+    out = capsys.readouterr().out.splitlines()
+    assert "far: width=%d, prefetch=%d, prefetch_many=16384, turns=0" % (before["width"], before["prefetch"]) in out[0]
+    assert out[1] == "| rows | chosen, ms | far, ms | near, ms | far / chosen | near / chosen |"
+    rows = [r for r in out if r.startswith("| 1 |") or r.startswith("| 12 |")]
+    assert len(rows) == 2  # (times too short here to check the ratios against the rounded times)
+    for r in rows:
+        cells = [float(c) for c in r.split("|")[2:-1]]
+        assert len(cells) == 5 and all(c >= 0 for c in cells[:3]) and all(c > 0 for c in cells[3:])
