@@ -14,6 +14,10 @@
 //   of one), float32 accumulation in any order, the result rounded to bfloat16. Both operands
 //   move by at most u of themselves, the sum as above, the output by u of itself, so
 //   |s_j - z_j| <= (2u + u^2 + (1 + u)^2 (g + u (1 + g))) sum_k |x_k| |w_jk|.
+// * `screened_argmax_dot`: s = bf16(x) . bf16(w) through AVX512-BF16 dot products (`vdpbf16ps`,
+//   where the CPU has them: 32 multiply-adds an instruction, twice the float32 FMA's) on a copy of
+//   bf16(w) packed in pairs of k, float32 accumulation, a float32 result. Its error is within
+//   oneDNN's bound (the same rounded operands, no output rounding), which it uses.
 // With Cauchy-Schwarz (sum_k |x_k| |w_jk| <= |x| |w_j|) the bound is b_j = coef |x| |w_j| + a (1 + |w_j|),
 // a = 2^-100 (K + 1) (1 + |x|) a margin far above what subnormals flushed to zero can move. With
 // L = max_j (s_j - b_j), every j with s_j + b_j < L has z_j < z_k for the k attaining L; the
@@ -28,12 +32,16 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 // cpu_gemm.cpp: y (..., N) = x @ w.T against the kernel's packed copy of w (float32 x with a
 // bfloat16 copy: float32 y, not rounded); and through oneDNN on the weight held at `slot`
 at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N, const c10::optional<at::Tensor>& b);
+int64_t gemm_prefetch_bytes(bool many);  // how far ahead cpu_gemm.cpp prefetches (measured per machine)
 at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N, const c10::optional<at::Tensor>& b);
 
 namespace {
@@ -162,6 +170,100 @@ at::Tensor screened_argmax_held(const at::Tensor& x, const at::Tensor& slot, con
   return select<c10::BFloat16>(x, s.contiguous(), w, wnorm, screen_coef(x.size(1), true));
 }
 
+// The screen through AVX512-BF16 dot products. Copy: (blocks, ceil(K/2), 32) bfloat16, line (b, kk)
+// holds w[16b + j][2kk + h] at 2j + h (one 64-byte line per pair of k; zeros pad N and an odd K).
+// Rows: rounded to bfloat16 (nearest, ties to even), a group of at most 16 rows at a time in a
+// panel (ceil(K/2), rows) of 32-bit pairs (x[2kk], x[2kk+1]), broadcast to every lane; lane j of a
+// row's accumulator gathers output 16b + j (vdpbf16ps: lane j += w[j][2kk] x[2kk] + w[j][2kk+1] x[2kk+1]).
+constexpr int64_t DOT_MT = 16;  // rows per tile: 16 accumulators
+
+bool dot_supported() {
+#if defined(__AVX512F__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__GNUC__)
+#define EAGLE_DOT_TARGET __attribute__((target("avx512f,avx512bf16")))
+template <int MT>
+EAGLE_DOT_TARGET void dot_tile(const int32_t* __restrict xp, const uint16_t* __restrict p, int64_t K2,
+                               float* __restrict y, int64_t ldy, int64_t n, int64_t N, int64_t pf) {
+  // xp: the group's panel (K2, MT) of bf16 pairs; p: one block, K2 lines of 32 bf16; y: MT rows
+  // (stride ldy), outputs n .. n + 16 (those < N written); pf: prefetch distance in lines
+  __m512 acc[MT];
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < K2; ++kk) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + (kk + pf) * 32), _MM_HINT_T1);
+    const __m512bh wv = (__m512bh)_mm512_loadu_si512(p + kk * 32);
+    const int32_t* xk = xp + kk * MT;
+#pragma GCC unroll 16
+    for (int i = 0; i < MT; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], wv, (__m512bh)_mm512_set1_epi32(xk[i]));
+  }
+  const __mmask16 mask = N - n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n)) - 1u);
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * ldy + n, mask, acc[i]);
+}
+
+EAGLE_DOT_TARGET void dot_rows(int64_t rows, const int32_t* xp, const uint16_t* p, int64_t K2, float* y, int64_t ldy,
+                               int64_t n, int64_t N, int64_t pf) {
+  switch (rows) {
+#define CASE(R) case R: dot_tile<R>(xp, p, K2, y, ldy, n, N, pf); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+    CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
+    default: TORCH_CHECK(false, "screened_argmax_dot: tile rows out of range");
+  }
+}
+#endif
+
+at::Tensor dot_screen(const at::Tensor& x_in, const at::Tensor& pp, int64_t V) {
+  // x (T, K) float32, pp the pair-packed bf16 copy (blocks, ceil(K/2), 32) -> s (T, V) float32
+  TORCH_CHECK(dot_supported(), "screened_argmax_dot: this CPU has no AVX512-BF16 (or the build no AVX-512)");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t T_ = x.size(0), K = x.size(1), K2 = (K + 1) / 2, blocks = pp.size(0);
+  TORCH_CHECK(pp.scalar_type() == at::kBFloat16 && pp.dim() == 3 && pp.size(1) == K2 && pp.size(2) == 32 &&
+              pp.is_contiguous() && V > (blocks - 1) * 16 && V <= blocks * 16,
+              "screened_argmax_dot: the pair-packed bfloat16 copy (ceil(V/16), ceil(K/2), 32) of w");
+  at::Tensor s = at::empty({T_, V}, x.options());
+  if (T_ == 0) return s;
+#if defined(__AVX512F__) && defined(__GNUC__)
+  const int64_t groups = (T_ + DOT_MT - 1) / DOT_MT;
+  std::vector<int64_t> starts(groups + 1);  // group g: rows starts[g] .. starts[g + 1] - 1, sizes within one
+  for (int64_t g = 0; g <= groups; ++g) starts[g] = g * (T_ / groups) + std::min(g, T_ % groups);
+  std::vector<int32_t> panel(K2 * T_);  // group g's panel (K2, its rows) at starts[g] * K2
+  const float* xp = x.data_ptr<float>();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m0 = starts[g], rows = starts[g + 1] - m0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t kk = 0; kk < K2; ++kk) {
+        const uint16_t lo = c10::BFloat16(xp[(m0 + i) * K + 2 * kk]).x;  // nearest, ties to even
+        const uint16_t hi = 2 * kk + 1 < K ? c10::BFloat16(xp[(m0 + i) * K + 2 * kk + 1]).x : uint16_t{0};
+        panel[m0 * K2 + kk * rows + i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+      }
+  }
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(pp.data_ptr<at::BFloat16>());
+  float* y = s.data_ptr<float>();
+  const int64_t pf = gemm_prefetch_bytes(T_ > 8) / 64;  // lines of 64 bytes
+  at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t g = 0; g < groups; ++g)
+        dot_rows(starts[g + 1] - starts[g], panel.data() + starts[g] * K2, p + b * K2 * 32, K2, y + starts[g] * V, V,
+                 b * 16, V, pf);
+  });
+#endif
+  return s;
+}
+
+at::Tensor screened_argmax_dot(const at::Tensor& x, const at::Tensor& pp, const at::Tensor& w, const at::Tensor& wnorm) {
+  // as screened_argmax, the screen from AVX512-BF16 dot products on the pair-packed copy pp of bf16(w)
+  check_args(x, w, wnorm, "screened_argmax_dot");
+  const at::Tensor s = dot_screen(x, pp, w.size(0));  // (T, V) float32
+  return select<float>(x, s, w, wnorm, screen_coef(x.size(1), true));
+}
+
 }  // namespace
 
 #define EAGLE_ARGMAX_LIBRARY(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)  // expands TORCH_EXTENSION_NAME first
@@ -170,5 +272,10 @@ EAGLE_ARGMAX_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.impl("screened_argmax", c10::DispatchKey::CPU, TORCH_FN(screened_argmax));
   m.def("screened_argmax_held(Tensor x, Tensor slot, Tensor w, Tensor wnorm) -> Tensor");
   m.impl("screened_argmax_held", c10::DispatchKey::CPU, TORCH_FN(screened_argmax_held));
+  m.def("screened_argmax_dot(Tensor x, Tensor pp, Tensor w, Tensor wnorm) -> Tensor");
+  m.impl("screened_argmax_dot", c10::DispatchKey::CPU, TORCH_FN(screened_argmax_dot));
+  m.def("screen_dot(Tensor x, Tensor pp, int V) -> Tensor");  // the dot screen alone (tests of the bound)
+  m.impl("screen_dot", c10::DispatchKey::CPU, TORCH_FN(dot_screen));
+  m.def("screen_dot_supported() -> bool", dot_supported);
   m.def("screen_coef(int K, bool held) -> float", screen_coef);  // for the tests of the bound
 }

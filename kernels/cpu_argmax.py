@@ -9,12 +9,15 @@ sum's; Cauchy-Schwarz over the row norms), keeps the tokens whose bound reaches 
 result is the argmax of the exact logits (lowest index on a tie), whichever screen ran, which a
 float32 ``F.linear`` also gives unless two logits lie within its own rounding of each other.
 
-Two screens (two ways to the same result): ``"kernel"``, the small-row kernel on float32 rows
+Three screens (three ways to the same result): ``"kernel"``, the small-row kernel on float32 rows
 (float32 arithmetic on the widened bf16 copy: the tightest bound, but bound by arithmetic from
-~16 rows), and ``"onednn"``, oneDNN's bfloat16 GEMM on bf16-rounded rows (AMX or AVX512-BF16 where
+~16 rows), ``"onednn"``, oneDNN's bfloat16 GEMM on bf16-rounded rows (AMX or AVX512-BF16 where
 the CPU has them: 64 rows cost about what one does; a bound three times wider, so a few more
-candidates). :func:`way` measures both once per process, head shape and row bucket and keeps the
-faster (:data:`WAY` overrides).
+candidates), and ``"dot"``, the op's own loop of AVX512-BF16 dot products on bf16-rounded rows (32
+multiply-adds an instruction: twice the kernel's arithmetic; oneDNN's bound; up to
+:data:`KERNEL_MAX_ROWS` rows, where the CPU has AVX512-BF16). :func:`way` measures those this
+machine has once per process, head shape and row bucket and keeps the fastest (:data:`WAY`
+overrides).
 
 As for the other kernels:
 
@@ -34,7 +37,7 @@ from eagle.weightmemo import WeightMemo
 
 from . import cpu_gemm
 
-__all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAY", "applies", "available", "measurements", "screened_argmax",
+__all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAY", "applies", "available", "measurements", "pack_pairs", "screened_argmax",
            "screened_argmax_reference", "way"]
 
 # rows up to which the kernel's screen pays (float32 arithmetic on the widened bf16 copy, bound by
@@ -44,12 +47,14 @@ __all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAY", "applies", "available", "measur
 KERNEL_MAX_ROWS = 32
 # rows the op takes at most where oneDNN's screen is available (KERNEL_MAX_ROWS where it is not)
 MAX_ROWS = 256
-# which screen: "measure" (the faster on this machine, per row bucket), "kernel" or "onednn"
-# (tests; "onednn" falls back to the kernel where oneDNN's bf16 GEMM is not available)
+# which screen: "measure" (the fastest on this machine, per row bucket), "kernel", "onednn" or "dot"
+# (tests; "onednn" and "dot" fall back to the kernel where they are not available)
 WAY = "measure"
 
 _OPS: dict[str, object] = {}  # op name -> torch.ops.<extension name>.<op> (None: not built)
 _ONEDNN: bool | None = None  # whether the oneDNN screen runs here (None: not asked yet)
+_DOT: bool | None = None  # whether the dot-product screen runs here (None: not asked yet)
+_PAIRS = WeightMemo()  # head -> its bfloat16 copy packed in pairs of k for the dot screen, (blocks, ceil(K/2), 32)
 _NORMS = WeightMemo()  # head -> its row norms in float64, (V,)
 _COPIES = WeightMemo()  # head -> its bfloat16 copy packed for the kernel, (blocks, K, 16)
 _HELD = WeightMemo()  # head -> the cpu_gemm.HeldWeight of oneDNN's packed bfloat16 copy
@@ -71,6 +76,15 @@ def _onednn() -> bool:
 
         _ONEDNN = onednn_available() and _op("screened_argmax_held") is not None
     return _ONEDNN
+
+
+def _dot() -> bool:
+    """Whether the dot-product screen runs here: the CPU has AVX512-BF16 (asked once)."""
+    global _DOT
+    if _DOT is None:
+        supported = _op("screen_dot_supported")
+        _DOT = bool(supported is not None and supported() and _op("screened_argmax_dot") is not None)
+    return _DOT
 
 
 def available() -> bool:
@@ -107,6 +121,25 @@ def _copies(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """``(V, K)`` -> the dot screen's copy of its bfloat16 rounding, ``(ceil(V/16), ceil(K/2), 32)``:
+    line ``(b, kk)`` holds ``w[16b + j, 2kk + h]`` at ``2j + h`` (zeros pad V and an odd K)."""
+    V, K = weight.shape
+    blocks, K2 = -(-V // 16), -(-K // 2)
+    padded = torch.zeros(blocks * 16, K2 * 2, dtype=torch.bfloat16)
+    padded[:V, :K] = weight.detach()
+    return padded.view(blocks, 16, K2, 2).permute(0, 2, 1, 3).contiguous().view(blocks, K2, 32)
+
+
+def _pairs(weight: torch.Tensor) -> torch.Tensor:
+    """The dot screen's pair-packed bfloat16 copy of ``weight`` (:func:`pack_pairs`), made once."""
+    pairs = _PAIRS.get(weight)
+    if pairs is None:
+        with _LOCK, torch.no_grad():
+            pairs = _PAIRS.put(weight, pack_pairs(weight))
+    return pairs
+
+
 def _held(weight: torch.Tensor) -> cpu_gemm.HeldWeight:
     """The oneDNN screen's packed bfloat16 copy of ``weight``, in the extension's table."""
     held = _HELD.get(weight)
@@ -119,10 +152,12 @@ def _held(weight: torch.Tensor) -> cpu_gemm.HeldWeight:
 
 
 def _run(name: str, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The op of screen ``name`` ("kernel" or "onednn") on ``hidden``: ``(T,)``, -1 for rows whose
-    screen is not finite."""
+    """The op of screen ``name`` ("kernel", "onednn" or "dot") on ``hidden``: ``(T,)``, -1 for rows
+    whose screen is not finite."""
     if name == "onednn":
         return _op("screened_argmax_held")(hidden, _held(weight).slot, weight, _norms(weight))
+    if name == "dot":
+        return _op("screened_argmax_dot")(hidden, _pairs(weight), weight, _norms(weight))
     return _op()(hidden, _copies(weight), weight, _norms(weight))
 
 
@@ -130,32 +165,39 @@ def _bucket(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()  # the power of two >= rows
 
 
-def way(rows: int, weight: torch.Tensor) -> str:
-    """Which screen takes ``rows`` rows against ``weight`` (V, K): ``"kernel"`` or ``"onednn"``.
-    With :data:`WAY` ``"measure"``, both are timed once per process, head shape and row bucket (the
-    power of two >= rows; best of 3, interleaved, on random rows) and the faster is kept; only
-    ``"kernel"`` where oneDNN's bf16 GEMM is not available, only ``"onednn"`` past
-    :data:`KERNEL_MAX_ROWS` rows."""
-    if not _onednn():
-        return "kernel"
-    if WAY != "measure":
-        return WAY
-    bucket = _bucket(rows)
+def _ways(bucket: int) -> list[str]:
+    """The screens this machine has for a row bucket."""
     if bucket > KERNEL_MAX_ROWS:
-        return "onednn"
+        return ["onednn"] if _onednn() else ["kernel"]
+    return ["kernel"] + (["onednn"] if _onednn() else []) + (["dot"] if _dot() else [])
+
+
+def way(rows: int, weight: torch.Tensor) -> str:
+    """Which screen takes ``rows`` rows against ``weight`` (V, K): ``"kernel"``, ``"onednn"`` or
+    ``"dot"``. With :data:`WAY` ``"measure"``, those this machine has are timed once per process,
+    head shape and row bucket (the power of two >= rows; best of 3, interleaved, on random rows)
+    and the fastest is kept; only ``"onednn"`` past :data:`KERNEL_MAX_ROWS` rows. A forced
+    :data:`WAY` this machine lacks falls back to ``"kernel"``."""
+    bucket = _bucket(rows)
+    ways = _ways(bucket)
+    if WAY != "measure":
+        return WAY if WAY in ways else ways[0]
+    if len(ways) == 1:
+        return ways[0]
     key = (*weight.shape, bucket)
     if key not in _MEASURED:
         from eagle.packed import _timed_pass  # here: eagle.packed imports this package
 
         x = torch.randn(bucket, weight.shape[1], generator=torch.Generator().manual_seed(0))
-        names = ("kernel", "onednn")  # the warm-up call of each makes its copy
-        ms = dict(zip(names, (1000 * t for t in _timed_pass([lambda n=n: _run(n, x, weight) for n in names], 3))))
-        _MEASURED[key] = {"kernel_ms": ms["kernel"], "onednn_ms": ms["onednn"], "way": min(ms, key=ms.get)}
+        # the warm-up call of each makes its copy
+        ms = dict(zip(ways, (1000 * t for t in _timed_pass([lambda n=n: _run(n, x, weight) for n in ways], 3))))
+        _MEASURED[key] = {**{f"{n}_ms": ms[n] for n in ways}, "way": min(ms, key=ms.get)}
     return _MEASURED[key]["way"]
 
 
 def measurements() -> dict[tuple, dict]:
-    """What :func:`way` measured: ``(V, K, row bucket) -> {"kernel_ms", "onednn_ms", "way"}``."""
+    """What :func:`way` measured: ``(V, K, row bucket) -> {"kernel_ms", "onednn_ms", "dot_ms" (those
+    this machine has), "way"}``."""
     return dict(_MEASURED)
 
 

@@ -342,6 +342,10 @@ constexpr int64_t WIDE_ROWS = 8;
 bool turns_setting = true;
 }  // namespace
 
+int64_t gemm_prefetch_bytes(bool many) {  // for cpu_argmax.cpp's screen: the distance measured here
+  return many ? prefetch_many_setting : prefetch_few_setting;
+}
+
 at::Tensor pack(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
               "pack: a float32 or bfloat16 weight (N, K)");

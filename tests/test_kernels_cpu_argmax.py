@@ -1,5 +1,5 @@
-"""kernels/cpu_argmax.py: the exact argmax of a float32 LM head through a bfloat16 screen (both
-screens: the small-row kernel's and oneDNN's), against the float64 reference, on random heads and on
+"""kernels/cpu_argmax.py: the exact argmax of a float32 LM head through a bfloat16 screen (every
+screen: the small-row kernel's, oneDNN's and the AVX512-BF16 dot products'), against the float64 reference, on random heads and on
 heads built so that the screen alone gets it wrong."""
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from eagle_kernels import cpu_argmax
 
 needs_op = pytest.mark.skipif(not cpu_argmax.available(), reason="no CPU extension")
 WAYS = ["kernel", pytest.param("onednn", marks=pytest.mark.skipif(
-    not (cpu_argmax.available() and cpu_argmax._onednn()), reason="no oneDNN bfloat16 GEMM"))]
+    not (cpu_argmax.available() and cpu_argmax._onednn()), reason="no oneDNN bfloat16 GEMM")),
+        pytest.param("dot", marks=pytest.mark.skipif(
+            not (cpu_argmax.available() and cpu_argmax._dot()), reason="no AVX512-BF16"))]
 
 
 @pytest.fixture(params=WAYS)
@@ -90,11 +92,12 @@ def test_rows_that_are_not_finite_and_calls_the_op_does_not_take(way):
 def test_the_measured_way_is_kept_per_row_bucket_and_gives_the_same_answer(monkeypatch):
     """``WAY = "measure"``: each row bucket (power of two) is timed once and one of the available
     screens kept; beyond the kernel's rows only oneDNN's; the answers do not depend on the way."""
+    monkeypatch.setattr(cpu_argmax, "WAY", "measure")
     monkeypatch.setattr(cpu_argmax, "_MEASURED", {})
     gen = torch.Generator().manual_seed(11)
     weight = torch.randn(3000, 64, generator=gen)
     hidden = torch.randn(40, 64, generator=gen)
-    ways = {"kernel", "onednn"} if cpu_argmax._onednn() else {"kernel"}
+    ways = {"kernel"} | ({"onednn"} if cpu_argmax._onednn() else set()) | ({"dot"} if cpu_argmax._dot() else set())
     for rows in (1, 3, 4, 16, 40):
         assert cpu_argmax.way(rows, weight) in ways
         assert torch.equal(cpu_argmax.screened_argmax(hidden[:rows], weight),
@@ -102,8 +105,9 @@ def test_the_measured_way_is_kept_per_row_bucket_and_gives_the_same_answer(monke
     got = cpu_argmax.measurements()
     if cpu_argmax._onednn():
         assert cpu_argmax.way(40, weight) == "onednn"  # past KERNEL_MAX_ROWS: not measured
+    if len(ways) > 1:
         assert sorted(key[2] for key in got) == [1, 4, 16]  # 3 and 4 share a bucket
-        assert all(m["way"] in ways and m["kernel_ms"] > 0 and m["onednn_ms"] > 0 for m in got.values())
+        assert all(m["way"] in ways and all(m[f"{n}_ms"] > 0 for n in ways) for m in got.values())
     else:
         assert got == {}
 
@@ -136,3 +140,37 @@ def test_each_screen_stays_within_its_bound_where_rounding_errors_add_up():
         s = cpu_gemm.held_op(x.bfloat16(), held.slot, V)
         ratio = ((s.double() - z).abs() / scale).max().item()
         assert 2 * coef[False] < ratio <= coef[True]
+    if cpu_argmax._dot():  # bf16 x and w, a float32 result: past the kernel's bound, inside oneDNN's
+        s = cpu_argmax._op("screen_dot")(x, cpu_argmax.pack_pairs(w), V)
+        ratio = ((s.double() - z).abs() / scale).max().item()
+        assert 1.5 * coef[False] < ratio <= coef[True]
+
+
+def test_pair_packing_lays_out_pairs_of_k_per_output():
+    """``pack_pairs``: line (b, kk) holds w[16b + j, 2kk + h] at 2j + h, zeros past V and an odd K."""
+    V, K = 19, 5
+    w = torch.arange(V * K, dtype=torch.float32).view(V, K)
+    p = cpu_argmax.pack_pairs(w)
+    assert p.shape == (2, 3, 32) and p.dtype == torch.bfloat16
+    for b in range(2):
+        for kk in range(3):
+            for j in range(16):
+                for h in range(2):
+                    n, k = 16 * b + j, 2 * kk + h
+                    assert p[b, kk, 2 * j + h].item() == (w[n, k].bfloat16().item() if n < V and k < K else 0.0)
+
+
+@needs_op
+@pytest.mark.skipif(not (cpu_argmax.available() and cpu_argmax._dot()), reason="no AVX512-BF16")
+def test_the_dot_screen_is_the_float64_product_of_the_rounded_operands_within_float32_sums():
+    """The dot screen on random shapes (odd K, V not a multiple of 16, 1-33 rows in groups of <= 16)
+    against bf16(x) @ bf16(w).T in float64: within the float32 sum's error, and a row's screen does
+    not depend on the other rows."""
+    gen = torch.Generator().manual_seed(21)
+    for T, K, V in ((1, 64, 100), (7, 33, 517), (16, 576, 300), (17, 31, 40), (33, 128, 70)):
+        x, w = torch.randn(T, K, generator=gen), torch.randn(V, K, generator=gen)
+        s = cpu_argmax._op("screen_dot")(x, cpu_argmax.pack_pairs(w), V)
+        ref = x.bfloat16().double() @ w.bfloat16().double().T
+        tol = K * 2.0 ** -23 * (x.bfloat16().double().abs() @ w.bfloat16().double().abs().T)
+        assert s.shape == (T, V) and ((s.double() - ref).abs() <= tol).all(), (T, K, V)
+        assert torch.equal(s[T - 1:], cpu_argmax._op("screen_dot")(x[T - 1:], cpu_argmax.pack_pairs(w), V))
