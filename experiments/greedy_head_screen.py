@@ -1,6 +1,6 @@
 """The LM head's argmax through a bfloat16 screen (kernels/cpu_argmax.py) on its own: how many tokens
 each screen's error bound leaves to recompute on a real model's hidden states, and the op's time
-(each screen: the small-row kernel's, oneDNN's) against the float32 head's product then argmax,
+(each screen this machine has: the small-row kernel's, oneDNN's, the AVX512-BF16 dot products') against the float32 head's product then argmax,
 with the head evicted from the caches before every call (as in a step, which streams all other
 weights in between).
 
@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def screen_values(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> torch.Tensor:
-    """``(T, V)`` float64: the screen the op computes for ``way`` ("kernel" or "onednn")."""
+    """``(T, V)`` float64: the screen the op computes for ``way`` ("kernel", "onednn" or "dot")."""
     from eagle_kernels import cpu_argmax, cpu_gemm
 
     if way == "onednn":
         return cpu_gemm.held_op(hidden.bfloat16(), cpu_argmax._held(weight).slot, weight.shape[0]).double()
+    if way == "dot":
+        return cpu_argmax._op("screen_dot")(hidden, cpu_argmax._pairs(weight), weight.shape[0]).double()
     return cpu_gemm._load().packed_linear(hidden, cpu_argmax._copies(weight), weight.shape[0], None).double()
 
 
@@ -39,7 +41,7 @@ def candidate_counts(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> li
     from eagle_kernels import cpu_argmax
 
     K = weight.shape[1]
-    coef = cpu_argmax._op("screen_coef")(K, way == "onednn")
+    coef = cpu_argmax._op("screen_coef")(K, way in ("onednn", "dot"))  # the dot screen takes oneDNN's bound
     norms = cpu_argmax._norms(weight)  # (V,) the op's
     counts = []
     for h, s in zip(hidden.double(), screen_values(hidden, weight, way)):
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
     ids = torch.tensor(tok(text)["input_ids"][: args.positions])[None]
     with torch.no_grad():
         hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # (N, K)
-    ways = ["kernel"] + (["onednn"] if cpu_argmax._onednn() else [])
+    ways = cpu_argmax._ways(1)
     for way in ways:
         counts = candidate_counts(hidden, weight, way)
         print(f"{way} screen: candidates over {len(counts)} positions (of {weight.shape[0]} tokens): mean "
