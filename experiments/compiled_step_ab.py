@@ -26,7 +26,8 @@ folding without the op, registered as an attention backend of its own). Two Targ
 
 ``--what attention-way``: the attention op's float32 calls through its own tiled AVX-512 loop (as
 shipped) against SDPA on the same cut keys (``cpu_attention.set_way``, switched between calls). One
-Target, the same graphs.
+Target, the same graphs. With ``--dtype bfloat16`` the same for bf16 calls where the machine chose
+the loop for them (``cpu_attention.bf16_way()``; else both sides run SDPA).
 
 ``--what head``: a greedy step's argmax of the LM head through its bfloat16 screen
 (kernels/cpu_argmax.py, ``runtime.greedy_head: screened``, as shipped) against every logit, then
@@ -42,6 +43,7 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
     python experiments/compiled_step_ab.py --what attention --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what attention-way --sizes 1,4,8,16,32,61
+    python experiments/compiled_step_ab.py --what attention-way --dtype bfloat16 --sizes 1,8,16,64
     python experiments/compiled_step_ab.py --what head --sizes 1,4,8,16,32,64
     python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16

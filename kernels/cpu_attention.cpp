@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -36,6 +37,9 @@ namespace {
 // 0: float32 calls on AVX-512 take the tiled loop below, others SDPA; 1: every call SDPA (for A/Bs:
 // experiments/compiled_step_ab.py --what attention-way)
 int64_t attention_way_setting = 0;
+// bfloat16 calls through the tiled loop too (their values widened to float32 as they are read), where
+// cpu_attention.py measured it faster than SDPA's bf16 kernel on this machine; else SDPA
+bool bf16_tiled_setting = false;
 
 #if defined(__AVX512F__)
 // The tiled float32 loop (AVX-512). Per KV head the query rows of its G query heads are laid out as
@@ -73,8 +77,18 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-template <int NB, int MT>
-inline void score_tile(const float* __restrict qp, int64_t D, const float* __restrict kc, int64_t ldk,
+// a cache element as float32: E = float, or uint16_t for bfloat16 (its bits are a float32's upper half:
+// exact), so bfloat16 calls run the same float32 loop on the widened values
+inline float widen(const float* p) { return *p; }
+inline float widen(const uint16_t* p) {
+  const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <int NB, int MT, typename E>
+inline void score_tile(const float* __restrict qp, int64_t D, const E* __restrict kc, int64_t ldk,
                        float* __restrict s, int64_t lds) {
   // s[i, j * 16 + lane] = sum_d qp[j][d][lane] * kc[i * ldk + d] for MT keys x NB blocks
   __m512 acc[NB][MT];
@@ -93,7 +107,7 @@ inline void score_tile(const float* __restrict qp, int64_t D, const float* __res
     for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(qp + (j * D + d) * AL);
 #pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
-      const __m512 xb = _mm512_set1_ps(kc[i * ldk + d]);
+      const __m512 xb = _mm512_set1_ps(widen(kc + i * ldk + d));
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
     }
@@ -104,19 +118,19 @@ inline void score_tile(const float* __restrict qp, int64_t D, const float* __res
     for (int i = 0; i < MT; ++i) _mm512_storeu_ps(s + i * lds + j * AL, acc[j][i]);
 }
 
-template <int NB>
-void score_rows(int64_t rows, const float* qp, int64_t D, const float* kc, int64_t ldk, float* s, int64_t lds) {
+template <int NB, typename E>
+void score_rows(int64_t rows, const float* qp, int64_t D, const E* kc, int64_t ldk, float* s, int64_t lds) {
   switch (rows) {
-#define CASE(R) case R: score_tile<NB, R>(qp, D, kc, ldk, s, lds); break;
+#define CASE(R) case R: score_tile<NB, R, E>(qp, D, kc, ldk, s, lds); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     default: TORCH_CHECK(false, "masked_attention: score tile rows out of range");
   }
 }
 
-template <int NB>
+template <int NB, typename E>
 inline void pv_tile(const float* __restrict pbuf, int64_t ldp, const uint8_t* __restrict seen, int64_t L,
-                    const float* __restrict vc, int64_t ldv, int64_t D, int64_t d0, float* __restrict o) {
+                    const E* __restrict vc, int64_t ldv, int64_t D, int64_t d0, float* __restrict o) {
   // o[i * NB * 16 + j * 16 + lane] = sum_c pbuf[c * ldp + j * 16 + lane] * vc[c * ldv + d0 + i], 8 dims x NB blocks;
   // keys no lane of the group sees are skipped (their p are all zero)
   __m512 acc[NB][8];
@@ -131,10 +145,10 @@ inline void pv_tile(const float* __restrict pbuf, int64_t ldp, const uint8_t* __
     __m512 w[NB];
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(pbuf + c * ldp + j * AL);
-    const float* vr = vc + c * ldv + d0;
+    const E* vr = vc + c * ldv + d0;
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
-      const __m512 xb = _mm512_set1_ps(vr[i]);
+      const __m512 xb = _mm512_set1_ps(widen(vr + i));
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_fmadd_ps(w[j], xb, acc[j][i]);
     }
@@ -194,8 +208,8 @@ void lane_masks(const uint64_t* vis, int64_t c0, int64_t c1, int64_t blk0, int64
   }
 }
 
-template <int NB>
-void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t ldk, const float* vd, int64_t ldv,
+template <int NB, typename E>
+void attend_share(const E* qd, const int64_t* qs, const E* kd, int64_t ldk, const E* vd, int64_t ldv,
                   int64_t D, int64_t c0, int64_t c1, int64_t kvh, int64_t blk0, const Layout& lay, float scale,
                   const std::vector<__mmask16>& lanes, const std::vector<uint8_t>& seen, Partial part,
                   std::vector<float>& qp, std::vector<float>& s) {
@@ -208,14 +222,14 @@ void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t l
     int64_t j, t;
     lay.lane(blk0, l, j, t);
     if (j < 0) continue;
-    const float* qr = qd + (kvh * lay.G + j) * qs[1] + t * qs[2];
-    for (int64_t d = 0; d < D; ++d) qp[((l / AL) * D + d) * AL + l % AL] = qr[d * qs[3]] * scale;
+    const E* qr = qd + (kvh * lay.G + j) * qs[1] + t * qs[2];
+    for (int64_t d = 0; d < D; ++d) qp[((l / AL) * D + d) * AL + l % AL] = widen(qr + d * qs[3]) * scale;
   }
   // scores (L, W), then probabilities in place
   s.resize(L * W);
   int64_t c = 0;
-  for (; c + 8 <= L; c += 8) score_tile<NB, 8>(qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
-  if (c < L) score_rows<NB>(L - c, qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
+  for (; c + 8 <= L; c += 8) score_tile<NB, 8, E>(qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
+  if (c < L) score_rows<NB, E>(L - c, qp.data(), D, kd + (c0 + c) * ldk, ldk, s.data() + c * W, W);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 mx[NB], base[NB], sum[NB];
   for (int64_t j = 0; j < NB; ++j) {
@@ -239,7 +253,7 @@ void attend_share(const float* qd, const int64_t* qs, const float* kd, int64_t l
     _mm512_storeu_ps(part.sum + j * AL, sum[j]);
   }
   // o^T (D, W), 8 dims at a time
-  for (int64_t d0 = 0; d0 < D; d0 += 8) pv_tile<NB>(s.data(), W, seen.data(), L, vd + c0 * ldv, ldv, D, d0, part.o + d0 * W);
+  for (int64_t d0 = 0; d0 < D; d0 += 8) pv_tile<NB, E>(s.data(), W, seen.data(), L, vd + c0 * ldv, ldv, D, d0, part.o + d0 * W);
 }
 
 bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mp, int64_t Bm,
@@ -249,8 +263,9 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // work); each share runs every KV head's query rows in groups of up to 3 blocks, and the shares'
   // partial softmaxes are merged at the end.
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), G = Hq / Hkv;
-  if (attention_way_setting != 0 || q.scalar_type() != at::kFloat || D % 8 != 0 || T > 64 || k.stride(3) != 1 ||
-      v.stride(3) != 1)
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  if (attention_way_setting != 0 || !(q.scalar_type() == at::kFloat || (bf16 && bf16_tiled_setting)) || D % 8 != 0 ||
+      T > 64 || k.stride(3) != 1 || v.stride(3) != 1)
     return false;
   // batched calls with fewer rows per KV head than a block's lanes stay on SDPA: the self-distillation
   // data stage (24 sequences of one token a step, 3 of 16 lanes holding a row) ran 1.4% slower
@@ -281,8 +296,17 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t pl = B * shares * Hkv * lanes_per_head;
   std::vector<float> mxs(pl), sums(pl), os(pl * D);
   const float sc = static_cast<float>(scale);
-  const float* qd = q.data_ptr<float>();
   const int64_t qs[4] = {q.stride(0), q.stride(1), q.stride(2), q.stride(3)};
+  // E: the cache's element type (float, or uint16_t holding bfloat16 bits), widened as it is read
+  auto body = [&](auto tag) {
+  using E = decltype(tag);
+  auto data = [](const at::Tensor& t) {
+    if constexpr (std::is_same_v<E, float>)
+      return t.data_ptr<float>();
+    else
+      return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+  };
+  const E* qd = data(q);
   at::parallel_for(0, B * shares, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> qp, sbuf;
     std::vector<__mmask16> lanes;
@@ -294,13 +318,13 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
         lane_masks(vb, c0, c1, blk0, width, lay, lanes, seen);
         for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-          const float* kd = k.data_ptr<float>() + b * k.stride(0) + kvh * k.stride(1);
-          const float* vd = v.data_ptr<float>() + b * v.stride(0) + kvh * v.stride(1);
+          const E* kd = data(k) + b * k.stride(0) + kvh * k.stride(1);
+          const E* vd = data(v) + b * v.stride(0) + kvh * v.stride(1);
           const int64_t at = ((b * shares + sh) * Hkv + kvh) * lanes_per_head + blk0 * AL;
           const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
           auto run = [&](auto nb) {  // nb: the group's blocks, a compile-time constant
-            attend_share<decltype(nb)::value>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, c0, c1, kvh,
-                                              blk0, lay, sc, lanes, seen, part, qp, sbuf);
+            attend_share<decltype(nb)::value, E>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, c0, c1, kvh,
+                                                 blk0, lay, sc, lanes, seen, part, qp, sbuf);
           };
           if (width == 1)
             run(std::integral_constant<int, 1>{});
@@ -312,8 +336,14 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       }
     }
   });
-  // merge the shares: per row, weights exp(mx_share - max over shares) (0 for a share it saw nothing of)
-  out = at::empty({B, T, Hq, D}, q.options());
+  };
+  if (bf16)
+    body(uint16_t{});
+  else
+    body(float{});
+  // merge the shares: per row, weights exp(mx_share - max over shares) (0 for a share it saw nothing of);
+  // float32 (a bfloat16 call's output rounded once at the end)
+  out = at::empty({B, T, Hq, D}, q.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kvh = 0; kvh < Hkv; ++kvh)
@@ -338,6 +368,7 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const float inv = total > 0.f ? 1.f / total : 0.f;
         for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
       }
+  if (bf16) out = out.to(at::kBFloat16);  // rounded to nearest, ties to even
   return true;
 }
 #else
@@ -410,6 +441,8 @@ EAGLE_ATTENTION_LIBRARY(TORCH_EXTENSION_NAME, m) {
     attention_way_setting = way;
   });
   m.def("attention_way() -> int", []() -> int64_t { return attention_way_setting; });
+  m.def("set_attention_bf16_tiled(bool on) -> ()", [](bool on) { bf16_tiled_setting = on; });
+  m.def("attention_bf16_tiled() -> bool", []() -> bool { return bf16_tiled_setting; });
 }
 
 

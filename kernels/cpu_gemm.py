@@ -123,6 +123,9 @@ def _load():
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
             if _EXT is not None:  # outside the build's except: a bad EAGLE_CPU_GEMM_* setting is its own error
                 _choose_plan(_EXT)
+                from .cpu_attention import _choose_bf16_way  # the attention op lives in this extension
+
+                _choose_bf16_way(_EXT)
         _TRIED = True
     return _EXT
 

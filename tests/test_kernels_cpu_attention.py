@@ -153,3 +153,72 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(attention_way):
 def test_set_way_rejects_an_unknown_way():
     with pytest.raises(ValueError, match="attention way must be one of"):
         cpu_attention.set_way("flash")
+
+
+@pytest.fixture
+def bf16_way():
+    """Set how bfloat16 calls run for a test; the machine's choice is put back after it."""
+    before = cpu_attention.bf16_way()
+    yield cpu_attention.set_bf16_way
+    if before is not None:
+        cpu_attention.set_bf16_way(before)
+
+
+@needs_op
+@pytest.mark.parametrize("way", cpu_attention.WAYS)
+@pytest.mark.parametrize("T", [1, 3, 12, 17, 61])
+def test_each_bfloat16_way_equals_the_reference_on_random_trees(bf16_way, way, T):
+    """bfloat16 calls through the tiled loop (values widened to float32, the output rounded once)
+    or SDPA, against the float32 attention of the same bf16 inputs: the loop within one bf16
+    rounding of it (its float32 sums differ from the reference's only in order), SDPA (bf16
+    intermediates) within a few."""
+    bf16_way(way)
+    assert cpu_attention.bf16_way() == way
+    gen = torch.Generator().manual_seed(100 + T)
+    for B, Hkv, groups, D, batch_mask in [(1, 3, 3, 64, False), (2, 2, 1, 16, True)]:
+        q, k, v, mask = _case(B, Hkv, groups, T, 45, 256, D, gen, dtype=torch.bfloat16, batch_mask=batch_mask)
+        out = cpu_attention.masked_attention(q, k, v, mask, 0.2)
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+        exact = cpu_attention.masked_attention_reference(q.float(), k[:, :, :45 + T].float(), v[:, :, :45 + T].float(),
+                                                         mask[..., :45 + T], 0.2)  # float32 of the bf16 inputs
+        # batched calls with fewer rows per KV head than 16 lanes stay on SDPA (tiled_attention)
+        if way == "tiled" and (B == 1 or groups * T >= 16):
+            assert ((out.float() - exact).abs() <= 2.0 ** -8 * exact.abs() + 1e-6).all(), (B, T)
+        else:  # SDPA rounds its probabilities to bf16: errors of a few 2^-8 of the values' size
+            vmax = v[:, :, :45 + T].float().abs().max().item()
+            torch.testing.assert_close(out.float(), exact, atol=2.0 ** -6 * vmax, rtol=2.0 ** -7)
+
+
+@needs_op
+def test_a_bfloat16_rows_result_does_not_depend_on_the_other_rows(bf16_way):
+    bf16_way("tiled")
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, mask = _case(1, 3, 3, 16, 200, 512, 64, gen, dtype=torch.bfloat16)
+    mask[0, 0, :, 215] = True  # every row sees the last key, so a row alone cuts at the same place
+    out = cpu_attention.masked_attention(q, k, v, mask, 0.125)
+    for t in (0, 5, 15):
+        alone = cpu_attention.masked_attention(q[:, :, t:t + 1], k, v, mask[:, :, t:t + 1], 0.125)
+        assert torch.equal(alone[:, 0], out[:, t])
+
+
+@needs_op
+def test_the_bfloat16_way_is_chosen_once_and_can_be_forced(monkeypatch):
+    """At load the faster way here is kept in a record beside the build; the environment forces one;
+    bad names are errors."""
+    from eagle_kernels import cpu_gemm
+
+    ext = cpu_gemm._load()
+    before = cpu_attention.bf16_way()
+    try:
+        chosen = cpu_attention._choose_bf16_way(ext)  # the record: no new measurement
+        assert chosen in cpu_attention.WAYS and cpu_attention.bf16_way() == chosen
+        for forced in cpu_attention.WAYS:
+            monkeypatch.setenv("EAGLE_CPU_ATTENTION_BF16", forced)
+            assert cpu_attention._choose_bf16_way(ext) == forced == cpu_attention.bf16_way()
+        monkeypatch.setenv("EAGLE_CPU_ATTENTION_BF16", "flash")
+        with pytest.raises(ValueError, match="EAGLE_CPU_ATTENTION_BF16 must be one of"):
+            cpu_attention._choose_bf16_way(ext)
+        with pytest.raises(ValueError, match="attention way must be one of"):
+            cpu_attention.set_bf16_way("flash")
+    finally:
+        cpu_attention.set_bf16_way(before)
