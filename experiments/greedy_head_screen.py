@@ -1,8 +1,8 @@
 """The LM head's argmax through a bfloat16 screen (kernels/cpu_argmax.py) on its own: how many tokens
 each screen's error bound leaves to recompute on a real model's hidden states, and the op's time
-(each screen this machine has: the small-row kernel's, oneDNN's, the AVX512-BF16 dot products') against the float32 head's product then argmax,
-with the head evicted from the caches before every call (as in a step, which streams all other
-weights in between).
+(each screen this machine has: the small-row kernel's, oneDNN's, the AVX512-BF16 dot products')
+against the float32 head's product then argmax, with the head evicted from the caches before every
+call (as in a step, which streams all other weights in between).
 
     python experiments/greedy_head_screen.py --rows 1,8,16,32,64
 

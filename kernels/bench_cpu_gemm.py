@@ -70,9 +70,7 @@ def _builds_medians(builds: dict, weights, rows, rounds: int, gen):
     its defaults)."""
     chosen = cpu_gemm.plan()
     for ext in builds.values():
-        ext.set_tile_blocks(chosen["width"])
-        ext.set_prefetch_bytes(chosen["prefetch"], chosen["prefetch_many"])
-        ext.set_turns(bool(chosen["turns"]))
+        cpu_gemm._apply_plan(ext, chosen)
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]  # one layout for every build
     with torch.no_grad():
         for r in rows:

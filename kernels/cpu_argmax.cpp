@@ -41,7 +41,7 @@
 // cpu_gemm.cpp: y (..., N) = x @ w.T against the kernel's packed copy of w (float32 x with a
 // bfloat16 copy: float32 y, not rounded); and through oneDNN on the weight held at `slot`
 at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N, const c10::optional<at::Tensor>& b);
-int64_t gemm_prefetch_bytes(bool many);  // how far ahead cpu_gemm.cpp prefetches (measured per machine)
+int64_t gemm_prefetch_bytes(int64_t rows);  // how far ahead cpu_gemm.cpp prefetches for a call of `rows` rows
 at::Tensor held_linear(const at::Tensor& x_in, const at::Tensor& slot, int64_t N, const c10::optional<at::Tensor>& b);
 
 namespace {
@@ -246,7 +246,7 @@ at::Tensor dot_screen(const at::Tensor& x_in, const at::Tensor& pp, int64_t V) {
   }
   const uint16_t* p = reinterpret_cast<const uint16_t*>(pp.data_ptr<at::BFloat16>());
   float* y = s.data_ptr<float>();
-  const int64_t pf = gemm_prefetch_bytes(T_ > 8) / 64;  // lines of 64 bytes
+  const int64_t pf = gemm_prefetch_bytes(T_) / 64;  // lines of 64 bytes
   at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t g = 0; g < groups; ++g)

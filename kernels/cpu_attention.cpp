@@ -299,43 +299,45 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t qs[4] = {q.stride(0), q.stride(1), q.stride(2), q.stride(3)};
   // E: the cache's element type (float, or uint16_t holding bfloat16 bits), widened as it is read
   auto body = [&](auto tag) {
-  using E = decltype(tag);
-  auto data = [](const at::Tensor& t) {
-    if constexpr (std::is_same_v<E, float>)
-      return t.data_ptr<float>();
-    else
-      return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-  };
-  const E* qd = data(q);
-  at::parallel_for(0, B * shares, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> qp, sbuf;
-    std::vector<__mmask16> lanes;
-    std::vector<uint8_t> seen;
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / shares, sh = w % shares, c0 = sh * per, c1 = std::min(L, c0 + per);
-      const uint64_t* vb = vis.data() + (Bm == 1 ? 0 : b) * L;
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
-        lane_masks(vb, c0, c1, blk0, width, lay, lanes, seen);
-        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-          const E* kd = data(k) + b * k.stride(0) + kvh * k.stride(1);
-          const E* vd = data(v) + b * v.stride(0) + kvh * v.stride(1);
-          const int64_t at = ((b * shares + sh) * Hkv + kvh) * lanes_per_head + blk0 * AL;
-          const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
-          auto run = [&](auto nb) {  // nb: the group's blocks, a compile-time constant
-            attend_share<decltype(nb)::value, E>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, c0, c1, kvh,
-                                                 blk0, lay, sc, lanes, seen, part, qp, sbuf);
-          };
-          if (width == 1)
-            run(std::integral_constant<int, 1>{});
-          else if (width == 2)
-            run(std::integral_constant<int, 2>{});
-          else
-            run(std::integral_constant<int, 3>{});
+    using E = decltype(tag);
+    auto data = [](const at::Tensor& t) {
+      if constexpr (std::is_same_v<E, float>)
+        return t.data_ptr<float>();
+      else
+        return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+    };
+    const E* qd = data(q);
+    const E* kd0 = data(k);
+    const E* vd0 = data(v);
+    at::parallel_for(0, B * shares, 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> qp, sbuf;
+      std::vector<__mmask16> lanes;
+      std::vector<uint8_t> seen;
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t b = w / shares, sh = w % shares, c0 = sh * per, c1 = std::min(L, c0 + per);
+        const uint64_t* vb = vis.data() + (Bm == 1 ? 0 : b) * L;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t blk0 = g * 3, width = std::min<int64_t>(3, blocks - blk0);
+          lane_masks(vb, c0, c1, blk0, width, lay, lanes, seen);
+          for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+            const E* kd = kd0 + b * k.stride(0) + kvh * k.stride(1);
+            const E* vd = vd0 + b * v.stride(0) + kvh * v.stride(1);
+            const int64_t at = ((b * shares + sh) * Hkv + kvh) * lanes_per_head + blk0 * AL;
+            const Partial part{mxs.data() + at, sums.data() + at, os.data() + at * D};
+            auto run = [&](auto nb) {  // nb: the group's blocks, a compile-time constant
+              attend_share<decltype(nb)::value, E>(qd + b * qs[0], qs, kd, k.stride(2), vd, v.stride(2), D, c0, c1, kvh,
+                                                   blk0, lay, sc, lanes, seen, part, qp, sbuf);
+            };
+            if (width == 1)
+              run(std::integral_constant<int, 1>{});
+            else if (width == 2)
+              run(std::integral_constant<int, 2>{});
+            else
+              run(std::integral_constant<int, 3>{});
+          }
         }
       }
-    }
-  });
+    });
   };
   if (bf16)
     body(uint16_t{});

@@ -23,8 +23,6 @@ As for the other kernels:
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from . import cpu_gemm
@@ -98,12 +96,9 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
     faster by ``eagle.packed.MARGIN``; kept beside the build (``attention-<threads>t.json``). On the
     AMD EPYC Zen 5 the loop took 25 against 133 us at one row and 46 against 120 at 16; on the Intel
     Xeon with AMX SDPA's bf16 kernel (AMX) had been as fast at 1 and 16 rows and 1.11x faster at 64."""
-    import json
     import os
-    import platform
 
     from eagle.packed import MARGIN, _timed_pass
-    from eagle.runtime import cpu_flags
 
     ops = getattr(torch.ops, ext.__name__)
     forced = os.environ.get("EAGLE_CPU_ATTENTION_BF16")
@@ -112,16 +107,10 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
             raise ValueError(f"EAGLE_CPU_ATTENTION_BF16 must be one of {WAYS}, got '{forced}'")
         ops.set_attention_bf16_tiled(forced == "tiled")
         return forced
-    threads = torch.get_num_threads()
-    record = Path(ext.__file__).with_name(f"attention-{threads}t.json")
-    machine = f"{platform.processor()}|{sorted(cpu_flags())}|{os.cpu_count()}|{threads}"
-    try:
-        saved = json.loads(record.read_text())
-        if saved.get("machine") == machine and saved.get("bf16") in WAYS:
-            ops.set_attention_bf16_tiled(saved["bf16"] == "tiled")
-            return saved["bf16"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+    saved, save = cpu_gemm._choice_record(ext, "attention")
+    if saved is not None and saved.get("bf16") in WAYS:
+        ops.set_attention_bf16_tiled(saved["bf16"] == "tiled")
+        return saved["bf16"]
     gen = torch.Generator().manual_seed(0)
     calls = []
     for T in (1, 16, 64):
@@ -142,11 +131,7 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
         sdpa_s, tiled_s = _timed_pass([run(False), run(True)], repeats)
     chosen = "tiled" if tiled_s < (1 - MARGIN) * sdpa_s else "sdpa"
     ops.set_attention_bf16_tiled(chosen == "tiled")
-    try:
-        record.write_text(json.dumps({"machine": machine, "bf16": chosen,
-                                      "ms": {"sdpa": 1e3 * sdpa_s, "tiled": 1e3 * tiled_s}}))
-    except OSError:
-        pass
+    save(bf16=chosen, ms={"sdpa": 1e3 * sdpa_s, "tiled": 1e3 * tiled_s})
     return chosen
 
 

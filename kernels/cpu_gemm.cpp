@@ -110,7 +110,7 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 // SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4) and 0.83-0.87x (8 rows) the time
 // of one-block tiles with three blocks per tile (more rows: `unit_in_turns`); on the AMD EPYC Zen 4, wider tiles had
 // been slower at 1 row. So the width for calls of up to 8 rows is measured once per machine
-// (cpu_gemm.py, `_choose_tile_blocks`).
+// (cpu_gemm.py, `_choose_plan`).
 template <int NB, int MT, typename W>
 inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                     float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias,
@@ -342,9 +342,9 @@ constexpr int64_t WIDE_ROWS = 8;
 bool turns_setting = true;
 }  // namespace
 
-int64_t gemm_prefetch_bytes(bool many) {  // for cpu_argmax.cpp's screen: the distance measured here
-  return many ? prefetch_many_setting : prefetch_few_setting;
-}
+// the prefetch distance, in bytes, of a call of `rows` rows (set per machine by cpu_gemm.py); also
+// for cpu_argmax.cpp's dot-product screen
+int64_t gemm_prefetch_bytes(int64_t rows) { return rows > WIDE_ROWS ? prefetch_many_setting : prefetch_few_setting; }
 
 at::Tensor pack(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
@@ -419,7 +419,7 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   // work units of nb adjacent blocks (the last unit may hold fewer)
   const int64_t units = (blocks + nb - 1) / nb;
   // the prefetch distance in lines of this weight type (bfloat16 lines are half as long)
-  const int64_t pf_bytes = M > WIDE_ROWS ? prefetch_many_setting : prefetch_few_setting;
+  const int64_t pf_bytes = gemm_prefetch_bytes(M);
   auto run = [&](const auto* pp) {
     const int64_t pf = pf_bytes / (LANES * static_cast<int64_t>(sizeof(*pp)));
     at::parallel_for(0, units, std::max<int64_t>(1, grain / nb), [&](int64_t u0, int64_t u1) {

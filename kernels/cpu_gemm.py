@@ -136,6 +136,38 @@ _PLAN_ENV = {"width": "EAGLE_CPU_GEMM_TILE_BLOCKS", "prefetch": "EAGLE_CPU_GEMM_
              "prefetch_many": "EAGLE_CPU_GEMM_PREFETCH_MANY", "turns": "EAGLE_CPU_GEMM_TURNS"}
 
 
+def _choice_record(ext, name: str):
+    """A start-up choice kept beside the build, per thread count (the test workers run
+    single-threaded): ``(saved, save)``, ``saved`` the record's fields where it exists and was made
+    on this machine (else ``None``), ``save(**fields)`` writing it (silently skipped where the folder
+    is read-only)."""
+    import json
+
+    threads = torch.get_num_threads()
+    path = Path(ext.__file__).with_name(f"{name}-{threads}t.json")
+    machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{threads}"
+    try:
+        saved = json.loads(path.read_text())
+        saved = saved if isinstance(saved, dict) and saved.get("machine") == machine else None
+    except (OSError, ValueError):
+        saved = None
+
+    def save(**fields):
+        try:
+            path.write_text(json.dumps({"machine": machine, **fields}))
+        except OSError:
+            pass
+
+    return saved, save
+
+
+def _apply_plan(ext, plan: dict[str, int]) -> None:
+    """Set every setting of a full plan (:func:`plan`'s keys) on the extension module ``ext``."""
+    ext.set_tile_blocks(int(plan["width"]))
+    ext.set_prefetch_bytes(int(plan["prefetch"]), int(plan["prefetch_many"]))
+    ext.set_turns(bool(plan["turns"]))
+
+
 def _forced_plan(ext) -> dict[str, int]:
     """The settings forced by environment variables (``EAGLE_CPU_GEMM_TILE_BLOCKS=1..3``,
     ``EAGLE_CPU_GEMM_PREFETCH`` / ``EAGLE_CPU_GEMM_PREFETCH_MANY`` = bytes, a multiple of 64 up to
@@ -169,8 +201,6 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
     differs by machine: three-block tiles and turns on an Intel Xeon with AMX; on the AMD EPYC Zen 5
     one-block tiles, and for 16 rows one-block tiles with 16 KB of prefetch (0.88x the time of turns
     with 4 KB; docs/results.md)."""
-    import json
-
     from eagle.packed import MARGIN, _timed_pass
 
     forced = _forced_plan(ext)  # checked first: a bad value is an error even where a record exists
@@ -178,16 +208,13 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
     ext.set_turns(True)
     turn_options = (1, 0) if ext.turns() else (0,)  # the AVX2 build has no turns
     default = {**DEFAULT_PLAN, "turns": turn_options[0]}
-    threads = torch.get_num_threads()  # the test workers run single-threaded: a record per thread count
-    record = Path(ext.__file__).with_name(f"plan-{threads}t.json")
-    machine = f"{platform.processor()}|{sorted(_cpu_flags())}|{os.cpu_count()}|{threads}"
+    saved, save = _choice_record(ext, "plan")
     chosen = None
-    try:
-        saved = json.loads(record.read_text())
-        if saved.get("machine") == machine and set(saved["chosen"]) == set(default):
+    if saved is not None and isinstance(saved.get("chosen"), dict) and set(saved["chosen"]) == set(default):
+        try:
             chosen = {k: int(v) for k, v in saved["chosen"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+        except (TypeError, ValueError):
+            pass
     if chosen is None:
         n, k = 1536, 576
         few = [(w, p) for w in range(1, top + 1) for p in PREFETCH_CANDIDATES]
@@ -200,9 +227,7 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
 
             def run(rows, **settings):
                 def fn():
-                    ext.set_tile_blocks(settings.get("width", 1))
-                    ext.set_prefetch_bytes(settings.get("prefetch", 4096), settings.get("prefetch_many", 4096))
-                    ext.set_turns(bool(settings.get("turns", 0)))
+                    _apply_plan(ext, {**DEFAULT_PLAN, "turns": 0, **settings})
                     for r in rows:
                         for p in packs:
                             ext.packed_linear(xs[r], p, n, None)
@@ -210,25 +235,20 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
 
             times = _timed_pass([run((1, 8), width=w, prefetch=p) for w, p in few]
                                 + [run((16,), turns=t, prefetch_many=p) for t, p in many], repeats)
-        ms_few = {f"width={w} prefetch={p}": 1e3 * sec for (w, p), sec in zip(few, times)}
-        ms_many = {f"turns={t} prefetch_many={p}": 1e3 * sec for (t, p), sec in zip(many, times[len(few):])}
+        t_few, t_many = dict(zip(few, times)), dict(zip(many, times[len(few):]))  # seconds per option
 
-        def pick(options, ms, base):
-            best = min(options, key=lambda o: ms[o])
-            return best if ms[best] < (1 - MARGIN) * ms[base] else base
+        def pick(times_of, base):
+            best = min(times_of, key=times_of.get)
+            return best if times_of[best] < (1 - MARGIN) * times_of[base] else base
 
-        w, p = pick(few, dict(zip(few, times)), (default["width"], default["prefetch"]))
-        t, pm = pick(many, dict(zip(many, times[len(few):])), (default["turns"], default["prefetch_many"]))
+        w, p = pick(t_few, (default["width"], default["prefetch"]))
+        t, pm = pick(t_many, (default["turns"], default["prefetch_many"]))
         chosen = {"width": w, "prefetch": p, "prefetch_many": pm, "turns": t}
-        try:
-            record.write_text(json.dumps({"machine": machine, "chosen": chosen,
-                                          "ms": {"up to 8 rows (1 + 8)": ms_few, "more rows (16)": ms_many}}))
-        except OSError:
-            pass
+        ms_few = {f"width={a} prefetch={b}": 1e3 * sec for (a, b), sec in t_few.items()}
+        ms_many = {f"turns={a} prefetch_many={b}": 1e3 * sec for (a, b), sec in t_many.items()}
+        save(chosen=chosen, ms={"up to 8 rows (1 + 8)": ms_few, "more rows (16)": ms_many})
     chosen = {**chosen, **forced}
-    ext.set_tile_blocks(chosen["width"])
-    ext.set_prefetch_bytes(chosen["prefetch"], chosen["prefetch_many"])
-    ext.set_turns(bool(chosen["turns"]))
+    _apply_plan(ext, chosen)
     return chosen
 
 
@@ -260,13 +280,8 @@ def set_plan(width: int | None = None, prefetch: int | None = None, prefetch_man
     ext = _load()
     if ext is None:
         raise RuntimeError(f"the small-row kernel is not available here: {_REASON}")
-    if width is not None:
-        ext.set_tile_blocks(int(width))
-    if prefetch is not None or prefetch_many is not None:
-        few, many = ext.prefetch_bytes()
-        ext.set_prefetch_bytes(int(few if prefetch is None else prefetch), int(many if prefetch_many is None else prefetch_many))
-    if turns is not None:
-        ext.set_turns(bool(turns))
+    given = {"width": width, "prefetch": prefetch, "prefetch_many": prefetch_many, "turns": turns}
+    _apply_plan(ext, {**plan(), **{k: v for k, v in given.items() if v is not None}})
 
 
 def extension_op(name: str, fake=None):
