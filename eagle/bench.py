@@ -6,6 +6,7 @@ import dataclasses
 import platform
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -13,9 +14,10 @@ from tqdm import tqdm
 from .config import DecodeConfig
 from .decoder import DecodeStats, TreeDecoder
 from .io import write_json
-from .prompts import encode_chat
+from .prompts import Question, encode_conversation
 
-__all__ = ["run_bench", "format_table", "format_compile", "device_name", "write_json"]
+__all__ = ["run_bench", "format_table", "format_categories", "format_compile", "device_name", "write_json", "as_questions",
+           "plot_categories"]
 
 
 def device_name(device: torch.device) -> str:
@@ -34,6 +36,11 @@ class _Run:
     def tokens_per_s(self) -> float:
         return sum(map(len, self.tokens)) / self.seconds if self.seconds else 0.0
 
+    @property
+    def step_s(self) -> float:
+        """Mean seconds of one decode-phase step (draft + verify + bookkeeping; 0 without stats)."""
+        return self.stats.decode_s / self.stats.target_forwards if self.stats.target_forwards else 0.0
+
     def add(self, record: dict) -> None:
         """Add one prompt's record (see :func:`run_bench`)."""
         self.tokens.append(record["tokens"])
@@ -41,6 +48,13 @@ class _Run:
         if record.get("stats") is not None:
             # one record = one generation (records saved before the field existed lack it)
             self.stats.merge(DecodeStats(**{"generations": 1, **record["stats"]}))
+
+    @classmethod
+    def of(cls, records: list[dict]) -> "_Run":
+        run = cls()
+        for r in records:
+            run.add(r)
+        return run
 
 
 def _hf_generate(model, ids, max_new_tokens, temperature, top_p, seed, eos):
@@ -70,36 +84,74 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def warm_ups(dec, encoded: list, max_new_tokens: int) -> list[tuple]:
+def warm_ups(dec, encoded: list, max_new_tokens: int, lengths: list[int] | None = None) -> list[tuple]:
     """``(prompt ids, cache room)`` for one short warm-up generation per cache capacity that
-    ``max_new_tokens``-token generations of ``encoded`` will allocate on ``dec``."""
+    ``max_new_tokens``-token generations of ``encoded`` will allocate on ``dec``. ``lengths``: the
+    prompt lengths the timed generations will have where they differ from ``encoded`` (a later turn of
+    a conversation is longer than its first; the warm-up runs the first with the later one's room)."""
     by_capacity: dict[int, tuple] = {}
-    for ids in encoded:
-        room = dec.cache_room(len(ids), max_new_tokens)
+    for ids, n in zip(encoded, lengths or [len(ids) for ids in encoded]):
+        room = dec.cache_room(n, max_new_tokens)
         by_capacity.setdefault(dec.target.cache_capacity(room), (ids, room))
     return [by_capacity[c] for c in sorted(by_capacity)]
 
 
-def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig], max_new_tokens: int = 128,
+def as_questions(prompts) -> list[Question]:
+    """Questions from a list of :class:`~eagle.prompts.Question` or plain prompt strings (one turn each)."""
+    return [p if isinstance(p, Question) else Question((p,)) for p in prompts]
+
+
+class _Conversations:
+    """The prompt ids of every turn of every question. Turn k is asked after the conversation so far:
+    the earlier user turns and plain decoding's answers to them, so every method answers the same
+    turns and each turn's output can be compared with plain decoding's."""
+
+    def __init__(self, tokenizer, questions: list[Question], max_new_tokens: int):
+        self.tokenizer, self.questions = tokenizer, questions
+        self.items = [(qi, k) for qi, q in enumerate(questions) for k in range(len(q.turns))]  # one per turn
+        self.index = {item: i for i, item in enumerate(self.items)}
+        self.first = [encode_conversation(tokenizer, q.turns[:1]) for q in questions]
+        # a bound on each turn's prompt length (earlier answers at the full token budget), for the
+        # context check and the warm-ups' cache rooms
+        self.bound = [len(self.first[qi]) if k == 0 else
+                      len(encode_conversation(tokenizer, self.questions[qi].turns[: k + 1], ["."] * k)) + k * max_new_tokens
+                      for qi, k in self.items]
+
+    def ids(self, i: int, plain: dict) -> torch.Tensor:
+        """Prompt ids of item ``i``; ``plain``: plain decoding's records by item (earlier turns' answers)."""
+        qi, k = self.items[i]
+        if k == 0:
+            return self.first[qi]
+        answers = [self.tokenizer.decode(plain[self.index[qi, j]]["tokens"], skip_special_tokens=True)
+                   for j in range(k)]
+        return encode_conversation(self.tokenizer, self.questions[qi].turns[: k + 1], answers)
+
+
+def run_bench(model, tokenizer, prompts: list, configs: list[DecodeConfig], max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None,
               on_compiled=None, records: dict | None = None, on_record=None) -> dict:
     """Run the benchmark and return the result dict (see docs/results.md for the fields).
 
-    ``on_update(result)`` is called after each finished run, so a caller can save partial results;
-    ``on_compiled({config: {bucket: seconds}})`` once after the warm-up when any step was compiled.
-    Resuming: ``records`` maps a method ("plain", "hf generate" or a config name) to
-    ``{prompt index: record}`` of runs done earlier; those are not run again (a method done on every
-    prompt is not even built). ``on_record(method, index, record)`` is called after each run with a
+    ``prompts``: strings (one-turn questions) or :class:`~eagle.prompts.Question` rows (several
+    turns, a category); every turn is one timed generation of up to ``max_new_tokens`` tokens (an
+    *item*, numbered in question order), and turn k is asked after the earlier turns and plain
+    decoding's answers to them.
+    ``on_update(result)`` is called after each finished question, so a caller can save partial
+    results; ``on_compiled({config: {bucket: seconds}})`` once after the warm-up when any step was
+    compiled. Resuming: ``records`` maps a method ("plain", "hf generate" or a config name) to
+    ``{item index: record}`` of runs done earlier; those are not run again (a method done on every
+    item is not even built). ``on_record(method, index, record)`` is called after each run with a
     JSON-serializable ``{"tokens", "seconds", "stats"}``.
     """
-    encoded = [encode_chat(tokenizer, p) for p in prompts]
+    questions = as_questions(prompts)
+    conv = _Conversations(tokenizer, questions, max_new_tokens)
     plain_dec = TreeDecoder(model, None)
     eos = plain_dec.eos
-    for ids in encoded:  # fail fast, before any timing, on prompts that cannot fit
-        if len(ids) + max_new_tokens > plain_dec.target.max_positions:
-            raise ValueError(f"a prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
-                             f"context of {plain_dec.target.max_positions}")
-    n = len(encoded)
+    for (qi, k), n in zip(conv.items, conv.bound):  # fail fast, before any timing, on turns that cannot fit
+        if n + max_new_tokens > plain_dec.target.max_positions:
+            raise ValueError(f"question {qi + 1} turn {k + 1}: a prompt of up to {n} tokens + {max_new_tokens} new "
+                             f"tokens exceeds the model's context of {plain_dec.target.max_positions}")
+    n = len(conv.items)
     done = {name: {int(i): r for i, r in (records or {}).get(name, {}).items() if int(i) < n}
             for name in ["plain", "hf generate"] + [c.name for c in configs]}
     todo = lambda name: len(done[name]) < n  # noqa: E731
@@ -109,28 +161,32 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
     gen_kw = dict(temperature=temperature, top_p=top_p)
     decoders = {cfg.name: TreeDecoder.from_config(model, cfg, eos_token_id=sorted(eos) or None) for cfg in configs}
     # warm-up so no method pays first-call costs (compilation included) inside the timing: once per
-    # cache capacity the prompts will need (a compiled step is one graph per capacity: a longer
+    # cache capacity the turns will need (a compiled step is one graph per capacity: a longer
     # prompt would otherwise compile inside its timed run)
+    first = [conv.first[qi] for qi, _ in conv.items]
     for dec in [plain_dec] + [dec for name, dec in decoders.items() if todo(name)]:
-        for ids, room in warm_ups(dec, encoded, max_new_tokens):
+        for ids, room in warm_ups(dec, first, max_new_tokens, conv.bound):
             dec.generate(ids, min(8, max_new_tokens), cache_room=room)
     result["compile_s"] = {name: t for name, dec in decoders.items() if (t := compile_times(dec))}
     result["draft_dtype_auto"] = draft_precisions(decoders, configs)
     if on_compiled and result["compile_s"]:
         on_compiled(result["compile_s"])
     if todo("hf generate"):
-        _hf_generate(model, encoded[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
+        _hf_generate(model, first[0], min(8, max_new_tokens), temperature, top_p, 0, eos)
 
     methods = [("plain", lambda i, ids: plain_dec.generate(ids, max_new_tokens, seed=i, **gen_kw)),
                ("hf generate", lambda i, ids: _hf_generate(model, ids, max_new_tokens, temperature, top_p, i, eos))]
     methods += [(name, (lambda dec: lambda i, ids: dec.generate(ids, max_new_tokens, seed=i, **gen_kw))(dec))
                 for name, dec in decoders.items() if todo(name)]
-    margins: dict = {}  # (config, prompt) -> target logit margin where the output left plain decoding
+    margins: dict = {}  # (config, item) -> target logit margin where the output left plain decoding
     models = {name: dec.target.model for name, dec in decoders.items()}
     bar = tqdm(total=sum(n - len(r) for r in done.values()), desc="bench", unit="run", dynamic_ncols=True)
-    runs = {name: _Run() for name in done}  # the prompts so far, every method (earlier records included)
-    # prompts outer, methods inner: a slow spell of the machine hits every method alike
-    for i, ids in enumerate(encoded):
+    encoded: list[torch.Tensor] = []
+    # turns outer, methods inner: a slow spell of the machine hits every method alike; plain
+    # decoding answers first (its answer is the next turn's history)
+    for i in range(n):
+        ids = conv.ids(i, done["plain"])
+        encoded.append(ids)
         for name, fn in methods:
             if i in done[name]:
                 continue
@@ -144,11 +200,11 @@ def run_bench(model, tokenizer, prompts: list[str], configs: list[DecodeConfig],
             if on_record:
                 on_record(name, i, rec)
             bar.update(1)
-        for name, recs in done.items():
-            runs[name].add(recs[i])
-        _summarize(result, runs, configs, models | {"": model}, encoded, temperature, margins)
-        if on_update:
-            on_update(result)
+        if i + 1 == n or conv.items[i + 1][0] != conv.items[i][0]:  # a question finished
+            _summarize(result, {name: [recs[j] for j in range(i + 1)] for name, recs in done.items()},
+                       configs, models | {"": model}, encoded, temperature, margins, conv)
+            if on_update:
+                on_update(result)
     bar.close()
     return result
 
@@ -175,33 +231,71 @@ def _plain_twins(configs) -> dict[str, str]:
     return twins
 
 
-def _summarize(result: dict, runs: dict, configs, models: dict, encoded, temperature, margins: dict) -> None:
-    """Fill ``result`` from the runs so far (every method has run on the same prompts).
-    ``models``: each config's target model (its precision) by config name; ``""``: the float32
-    model of plain decoding."""
+def _category_row(run: "_Run", base: float, hf: float, identical: int, prompts: int, ref_step: float) -> dict:
+    return {"prompts": prompts, "turns": len(run.tokens), "new_tokens": sum(map(len, run.tokens)),
+            "tau": run.stats.tau if run.stats.target_forwards else 1.0, "tokens_per_s": run.tokens_per_s,
+            "speedup": run.tokens_per_s / base if base else 0.0,
+            "speedup_vs_hf": run.tokens_per_s / hf if hf else 0.0, "identical": identical,
+            "step_cost": run.step_s / ref_step if ref_step and run.step_s else 0.0}
+
+
+def _categories(recs: list[dict], plain_recs: list[dict], hf_recs: list[dict], ref_recs: list[dict],
+                conv: "_Conversations") -> dict:
+    """Per Spec-Bench subtask (:func:`eagle.prompts.subtask`): one method's records ``recs`` (one per
+    item) summarized against plain decoding and transformers' ``generate`` on the same turns;
+    ``step_cost``: a step's time over a step of the plain decoder ``ref_recs``."""
+    by: dict[str, list[int]] = {}
+    for i in range(len(recs)):
+        by.setdefault(conv.questions[conv.items[i][0]].subtask, []).append(i)
+    out = {}
+    for cat, idx in by.items():
+        pick = lambda rs: _Run.of([rs[i] for i in idx])  # noqa: E731
+        run, plain, hf, ref = pick(recs), pick(plain_recs), pick(hf_recs), pick(ref_recs)
+        same = sum(recs[i]["tokens"] == plain_recs[i]["tokens"] for i in idx)
+        out[cat] = _category_row(run, max(plain.tokens_per_s, hf.tokens_per_s), hf.tokens_per_s, same,
+                                 len({conv.items[i][0] for i in idx}), ref.step_s)
+    return out
+
+
+def _summarize(result: dict, records: dict, configs, models: dict, encoded, temperature, margins: dict,
+               conv: "_Conversations") -> None:
+    """Fill ``result`` from the records so far (``records[method]``: one per item, every method on
+    the same items). ``models``: each config's target model (its precision) by config name; ``""``:
+    the float32 model of plain decoding."""
     model = models[""]
     twins = _plain_twins(configs)
+    runs = {name: _Run.of(recs) for name, recs in records.items()}
     plain, hf = runs["plain"], runs["hf generate"]
     n = len(plain.tokens)
+    prompts = len({conv.items[i][0] for i in range(n)})
     baseline = max(plain.tokens_per_s, hf.tokens_per_s)
     vs_hf = (lambda tps: tps / hf.tokens_per_s if hf.tokens_per_s else 0.0)
+    cats = lambda name, ref: _categories(records[name], records["plain"], records["hf generate"], records[ref], conv)  # noqa: E731
     result["plain"] = {"tokens_per_s": plain.tokens_per_s, "hf_tokens_per_s": hf.tokens_per_s,
                        "speedup_vs_hf": vs_hf(plain.tokens_per_s),
-                       "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)), "prompts": n}
+                       "identical_to_hf": sum(a == b for a, b in zip(plain.tokens, hf.tokens)), "prompts": prompts,
+                       "turns": n, "categories": cats("plain", "plain")}
+    result["generate"] = {"tokens_per_s": hf.tokens_per_s, "categories": cats("hf generate", "plain")}
     result["runs"] = []
     for cfg in configs:
         run = runs[cfg.name]
         st = run.stats
+        # a step's cost against plain decoding in the same precision and runtime where the bench has it
+        # (plain-compiled for a compiled float32 config), else the plain loop
+        ref = twins.get(cfg.runtime.dtype or "float32", "plain")
         entry = {"config": cfg.name, "mean_accepted": st.tau, "alpha": st.alpha, "tokens_per_s": run.tokens_per_s,
                  "speedup": run.tokens_per_s / baseline if baseline else 0.0,
                  "speedup_vs_hf": vs_hf(run.tokens_per_s),
                  "identical_to_plain": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
-                 "prompts": n, "accepted_hist": st.accepted_hist,
+                 "prompts": prompts, "turns": n, "accepted_hist": st.accepted_hist,
                  "per_depth_acceptance": st.per_depth_acceptance,
                  "mean_tree_nodes": st.tree_nodes / max(st.target_forwards, 1),
                  "plain_steps": st.plain_steps,
                  "step_ms": {k: 1000 * v / max(st.target_forwards, 1) for k, v in
-                             (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))}}
+                             (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))},
+                 "step_cost": run.step_s / runs[ref].step_s if runs[ref].step_s else 0.0, "step_cost_vs": ref,
+                 "categories": cats(cfg.name, ref)}
+        entry["tree_sizes"] = {"depth": st.depth_hist, "nodes": st.nodes_hist}  # [d] / [n]: steps
         if temperature == 0:
             entry["mismatches"] = _mismatches(run.tokens, plain.tokens, model, encoded, margins, cfg.name)
             # lower precision: also against plain decoding in the same precision, if the bench has it
@@ -243,14 +337,14 @@ def format_table(result: dict) -> str:
              f"max_new_tokens: {result['max_new_tokens']}   temperature: {result['temperature']}",
              f"plain loop: {p['tokens_per_s']:.2f} tok/s   transformers generate: {p['hf_tokens_per_s']:.2f} tok/s   "
              f"plain / generate: {p.get('speedup_vs_hf', 0.0):.2f}x   "
-             f"plain == generate on {p['identical_to_hf']}/{p['prompts']} prompts",
+             f"plain == generate on {p['identical_to_hf']}/{p.get('turns', p['prompts'])} turns",
              "",
              f"| {'config':<22} | {'tau':>5} | {'alpha':>5} | {'tok/s':>7} | {'speedup':>7} | {'vs hf':>6} | {'identical':>9} | "
              f"{'nodes':>5} | {'draft ms':>8} | {'verify ms':>9} | {'other ms':>8} |",
              f"|{'-' * 24}|{'-' * 7}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 11}|{'-' * 7}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
     for r in result["runs"]:
         lines.append(f"| {r['config']:<22} | {r['mean_accepted']:5.2f} | {r.get('alpha', 0.0):5.2f} | {r['tokens_per_s']:7.2f} | "
-                     f"{r['speedup']:6.2f}x | {r.get('speedup_vs_hf', 0.0):5.2f}x | {r['identical_to_plain']:>4}/{r['prompts']:<4} | "
+                     f"{r['speedup']:6.2f}x | {r.get('speedup_vs_hf', 0.0):5.2f}x | {r['identical_to_plain']:>4}/{r.get('turns', r['prompts']):<4} | "
                      f"{r['mean_tree_nodes']:5.1f} | {r['step_ms']['draft']:8.1f} | {r['step_ms']['verify']:9.1f} | "
                      f"{r['step_ms']['bookkeeping']:8.1f} |")
     lines.append("")
@@ -261,12 +355,80 @@ def format_table(result: dict) -> str:
         lines.append(f"  {r['config']:<22} " + " ".join(f"{a:.2f}" for a in r["per_depth_acceptance"]))
     for r in result["runs"]:
         for m in r.get("mismatches", []):
-            lines.append(f"  {r['config']}: prompt {m['prompt']} differs from plain at token {m['position']} "
+            lines.append(f"  {r['config']}: turn {m['prompt']} differs from plain at token {m['position']} "
                          f"(target logit margin there: {m['logit_margin']:.2e})")
         if "plain_twin" in r:
             lines.append(f"  {r['config']}: identical to {r['plain_twin']} (plain, same precision) on "
-                         f"{r['identical_to_plain_twin']}/{r['prompts']} prompts")
+                         f"{r['identical_to_plain_twin']}/{r.get('turns', r['prompts'])} turns")
             for m in r["mismatches_vs_twin"]:
-                lines.append(f"    prompt {m['prompt']} differs at token {m['position']} "
+                lines.append(f"    turn {m['prompt']} differs at token {m['position']} "
                              f"({r['plain_twin']}'s logit margin there: {m['logit_margin']:.2e})")
     return "\n".join(lines)
+
+
+def _pooled_row(name: str, r: dict) -> dict:
+    return {"config": name, "tau": r["mean_accepted"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"],
+            "step_cost": r.get("step_cost", 0.0), "identical": r["identical_to_plain"], "turns": r.get("turns", r["prompts"])}
+
+
+def format_categories(result: dict) -> str:
+    """One block per subtask (every config's tau, tok/s, speedup against the faster plain decoder,
+    step cost, identical turns), then the pooled rows; empty when the bench has one category."""
+    cats = list(result["plain"].get("categories", {}))
+    if len(cats) < 2:
+        return ""
+    head = (f"| {'config':<22} | {'tau':>5} | {'tok/s':>7} | {'speedup':>7} | {'step cost':>9} | {'identical':>9} |\n"
+            f"|{'-' * 24}|{'-' * 7}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 11}|")
+
+    def line(r):
+        return (f"| {r['config']:<22} | {r['tau']:5.2f} | {r['tokens_per_s']:7.2f} | {r['speedup']:6.2f}x | "
+                f"{r['step_cost']:8.2f}x | {r['identical']:>4}/{r['turns']:<4} |")
+
+    blocks = []
+    for cat in cats + ["pooled"]:
+        if cat == "pooled":
+            rows = [_pooled_row(r["config"], r) for r in result["runs"]]
+            p = result["plain"]
+            title = f"pooled ({p['prompts']} questions, {p.get('turns', p['prompts'])} turns)"
+        else:
+            rows = [{"config": r["config"], **r["categories"][cat]} for r in result["runs"]]
+            c = result["plain"]["categories"][cat]
+            title = (f"{cat} ({c['prompts']} questions, {c['turns']} turns; plain {c['tokens_per_s']:.2f} tok/s, "
+                     f"generate {result['generate']['categories'][cat]['tokens_per_s']:.2f} tok/s)")
+        blocks.append("\n".join([title, head] + [line(r) for r in rows]))
+    return "\n\n".join(blocks)
+
+
+def plot_categories(result: dict, path: str | Path) -> Path | None:
+    """Bars of tau and speedup (against the faster plain decoder) per subtask per config, written to
+    ``path`` (PNG); None when the bench has fewer than two categories or no runs."""
+    cats = list(result["plain"].get("categories", {}))
+    if len(cats) < 2 or not result["runs"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = cats + ["pooled"]
+    runs = result["runs"]
+    width = 0.8 / len(runs)
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(groups)), 8), sharex=True)
+    for ax, key, label in ((axes[0], "tau", "tau (tokens per target forward)"),
+                           (axes[1], "speedup", "speedup vs plain decoding")):
+        for j, r in enumerate(runs):
+            vals = [r["categories"][c][key] for c in cats] + [_pooled_row(r["config"], r)[key]]
+            ax.bar([g + (j - (len(runs) - 1) / 2) * width for g in range(len(groups))], vals, width, label=r["config"])
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].axhline(1.0, color="black", linewidth=0.8)
+    axes[1].set_xticks(range(len(groups)), groups)
+    axes[0].legend(fontsize=7, ncol=3)
+    axes[0].set_title(f"{result['target']} on {result['device']}: {result['max_new_tokens']} new tokens a turn, "
+                      f"temperature {result['temperature']}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -70,10 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling(g, 128)
 
     b = sub.add_parser("bench", help="plain vs configs on a prompt set, as speedup ratios")
-    b.add_argument("--prompts", required=True, help="JSONL with a \"prompt\" (or \"turns\") per line")
+    b.add_argument("--prompts", required=True,
+                   help="JSONL with a \"prompt\" per line, or Spec-Bench / MT-bench rows (\"category\", "
+                        "\"turns\": user messages asked one after another)")
     b.add_argument("--config", action="append", required=True, help="config YAML (repeatable)")
     b.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
-    b.add_argument("--json", required=True, help="output JSON path")
+    b.add_argument("--per-category", type=_positive_int, default=None,
+                   help="use the first N rows of each category (a deterministic stratified subset; before --limit)")
+    b.add_argument("--json", required=True,
+                   help="output JSON path; a PNG of tau and speedup per subtask is written beside it, and the "
+                        "runs so far to OUT.records.json (rerunning the same command resumes from them)")
     _add_sampling(b, 128)
 
     t = sub.add_parser("train", help="self-distil data and train an EAGLE head (torchrun for DDP)")
@@ -94,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a grid axis, or an ablation YAML file (repeatable)")
     s.add_argument("--prompts", help="JSONL prompts (default: the ablation file's)")
     s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
+    s.add_argument("--per-category", type=_positive_int, default=None,
+                   help="use the first N rows of each category (before --limit)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=None, help="default 128")
     s.add_argument("--temperature", type=_temperature, default=None, help="0 = greedy (default)")
     s.add_argument("--top-p", type=_top_p, default=None)
@@ -234,26 +242,55 @@ def _generate(args) -> None:
 
 
 def _bench(args) -> None:
-    from .bench import format_compile, format_table, run_bench, write_json
-    from .config import load_config
+    from .bench import format_categories, format_compile, format_table, plot_categories, run_bench, write_json
+    from .config import ConfigError, load_config
     from .models import load_target
-    from .prompts import load_prompts
+    from .prompts import load_questions
+    from .sweep import config_fingerprint, load_state, sweep_settings
 
     configs = [load_config(c) for c in args.config]  # validate everything before loading a model
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise UsageError(f"two configs share a name: {names}")
-    prompts = load_prompts(args.prompts, args.limit)
+    questions = load_questions(args.prompts, args.limit, args.per_category)
     _check_output_file(args.json)
     _check_drafters(configs)
+    # every finished run is kept beside the results, so an interrupted bench resumes where it stopped
+    out = Path(args.json)
+    state_path = out.with_name(out.stem + ".records.json")
+    settings = sweep_settings(questions, args.max_new_tokens, args.top_p, args.target, temperature=args.temperature)
+    try:
+        state = load_state(state_path, settings)
+    except ConfigError:  # other prompts, budget or target: those runs cannot be reused
+        print(f"bench: {state_path} holds runs with other settings; starting over", file=sys.stderr)
+        state = {"settings": settings, "records": {}, "configs": {}}
+    for cfg in configs:  # a config changed since the records were made runs again
+        fp = config_fingerprint(cfg)
+        if state["configs"].get(cfg.name) not in (None, fp):
+            state["records"].pop(cfg.name, None)
+        state["configs"][cfg.name] = fp
+    if resumed := sum(map(len, state["records"].values())):
+        print(f"bench: resuming from {state_path} ({resumed} runs done earlier)", file=sys.stderr)
+
+    def on_record(method, i, rec):
+        state["records"].setdefault(method, {})[str(i)] = rec
+        write_json(state, state_path, indent=None)
+
     _quiet_transformers()
     model, tok = load_target(args.target)
-    result = run_bench(model, tok, prompts, configs, args.max_new_tokens, args.temperature, args.top_p,
+    result = run_bench(model, tok, questions, configs, args.max_new_tokens, args.temperature, args.top_p,
                        target_name=args.target, on_update=lambda r: write_json(r, args.json),
-                       on_compiled=lambda c: print(format_compile(c), file=sys.stderr))
+                       on_compiled=lambda c: print(format_compile(c), file=sys.stderr),
+                       records=state["records"], on_record=on_record)
+    result.update(command="eagle " + " ".join(args.argv), prompt_file=str(args.prompts),
+                  per_category=args.per_category, limit=args.limit, resumed_runs=resumed)
     write_json(result, args.json)
     print(format_table(result))
-    print(f"\nwrote {args.json}")
+    if blocks := format_categories(result):
+        print("\nper subtask (speedup: against the faster plain decoder of the subtask)\n")
+        print(blocks)
+    png = plot_categories(result, out.with_suffix(".png"))
+    print(f"\nwrote {args.json}" + (f", {png}" if png else ""))
 
 
 def _sweep_spec(args):
@@ -271,7 +308,7 @@ def _sweep_spec(args):
     keys = [a.key for a in axes]
     if args.temperature is not None and "temperature" in keys:
         raise UsageError("--temperature and a 'temperature' grid axis both given")
-    for name in ("base", "prompts", "limit", "max_new_tokens", "temperature", "top_p", "x", "lines"):
+    for name in ("base", "prompts", "limit", "per_category", "max_new_tokens", "temperature", "top_p", "x", "lines"):
         if getattr(args, name) is not None:
             setattr(spec, name, getattr(args, name))
     if not spec.base:
@@ -286,7 +323,7 @@ def _sweep_spec(args):
 
 def _sweep(args) -> None:
     from .models import load_target
-    from .prompts import load_prompts
+    from .prompts import load_questions
     from .sweep import load_state, run_sweep, sweep_settings, write_outputs
 
     spec, keys, cells = _sweep_spec(args)  # every cell validated before a model is loaded
@@ -294,9 +331,11 @@ def _sweep(args) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    prompts = load_prompts(spec.prompts, spec.limit or None)
+    prompts = load_questions(spec.prompts, spec.limit or None, spec.per_category or None)
     max_new = spec.max_new_tokens or 128
     extra = {"base": spec.base, "prompt_file": spec.prompts, "limit": spec.limit}
+    if spec.per_category:  # (absent otherwise, so earlier sweep folders still resume)
+        extra["per_category"] = spec.per_category
     load_state(out, sweep_settings(prompts, max_new, spec.top_p, args.target, **extra))  # resumable here?
     print(f"sweep: {len(cells)} cells x {len(prompts)} prompts, {max_new} new tokens -> {out}", file=sys.stderr)
     _quiet_transformers()
@@ -412,7 +451,7 @@ def main(argv=None) -> int:
         print(f"eagle: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        kept = {"bench": "bench results so far are in the --json file",
+        kept = {"bench": "rerun the same command to resume; finished runs are kept beside the --json file",
                 "sweep": "rerun the same command to resume; finished runs are kept in the --out folder",
                 "train": "rerun the same command to resume from the last checkpoint",
                 "distill": "rerun the same command to resume from the last checkpoint"}.get(args.cmd)

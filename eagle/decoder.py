@@ -35,6 +35,8 @@ class DecodeStats:
     depth_tried: list[int] = field(default_factory=list)  # [d-1] = steps whose tree reached depth d
     depth_accepted: list[int] = field(default_factory=list)  # [d-1] = ... and accepted a token at depth d
     reached: int = 0  # drafted positions the verifier reached (all earlier tokens on the path accepted)
+    depth_hist: list[int] = field(default_factory=list)  # [d] = steps whose tree was d levels deep
+    nodes_hist: list[int] = field(default_factory=list)  # [n] = steps that verified n nodes (root included)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -62,11 +64,14 @@ class DecodeStats:
     def decode_s(self) -> float:
         return self.draft_s + self.verify_s + self.other_s
 
-    def record(self, tree_depth: int, accepted: int) -> None:
+    def record(self, tree_depth: int, accepted: int, nodes: int = 0) -> None:
         for lst, n in ((self.accepted_hist, accepted + 1), (self.depth_tried, tree_depth),
-                       (self.depth_accepted, tree_depth)):
+                       (self.depth_accepted, tree_depth), (self.depth_hist, tree_depth + 1),
+                       (self.nodes_hist, nodes + 1)):
             lst.extend([0] * (n - len(lst)))
         self.accepted_hist[accepted] += 1
+        self.depth_hist[tree_depth] += 1
+        self.nodes_hist[nodes] += nodes > 0
         self.reached += min(accepted + 1, tree_depth)
         for d in range(tree_depth):
             self.depth_tried[d] += 1
@@ -77,7 +82,7 @@ class DecodeStats:
         for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "reached", "prefill_s", "draft_s",
                      "verify_s", "other_s", "generations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("accepted_hist", "depth_tried", "depth_accepted"):
+        for name in ("accepted_hist", "depth_tried", "depth_accepted", "depth_hist", "nodes_hist"):
             a, b = getattr(self, name), getattr(other, name)
             a.extend([0] * (len(b) - len(a)))
             for i, v in enumerate(b):
@@ -88,6 +93,7 @@ class DecodeStats:
                 "plain_steps": self.plain_steps,
                 "accepted_hist": self.accepted_hist, "per_depth_acceptance": self.per_depth_acceptance,
                 "mean_tree_nodes": self.tree_nodes / max(self.target_forwards, 1),
+                "depth_hist": self.depth_hist, "nodes_hist": self.nodes_hist,
                 "time_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
                            "bookkeeping": self.other_s}}
 
@@ -237,7 +243,7 @@ class TreeDecoder:
             stats.target_forwards += 1
             stats.plain_steps += not drafting
             stats.tree_nodes += len(tree)
-            stats.record(int(tree.depth.max()), len(path) - 1)
+            stats.record(int(tree.depth.max()), len(path) - 1, len(tree))
             if on_tokens:
                 on_tokens(new)
             if not done:

@@ -25,7 +25,7 @@ import yaml
 from .config import ConfigError, DecodeConfig, config_from_dict, from_dict, read_yaml, resolve_path
 from .io import write_json
 
-__all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "load_state", "run_sweep",
+__all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "config_fingerprint", "load_state", "run_sweep",
            "write_outputs", "format_table"]
 
 TEMPERATURE = "temperature"  # the bench's sampling temperature, not a config key
@@ -60,6 +60,7 @@ class SweepSpec:
     description: str = ""
     prompts: str = ""
     limit: int = 0  # 0 = all prompts
+    per_category: int = 0  # > 0: the first N rows of each category (a stratified subset)
     max_new_tokens: int = 0  # 0 = the command's default
     temperature: float = 0.0
     top_p: float = 1.0
@@ -253,17 +254,32 @@ def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def sweep_settings(prompts: list[str], max_new_tokens: int, top_p: float, target_name: str, **extra) -> dict:
-    """What must not change for a sweep to resume in the same folder."""
-    return dict(extra, prompts_sha=_fingerprint(prompts), max_new_tokens=max_new_tokens, top_p=top_p,
+def _prompts_key(prompts) -> list:
+    """What identifies a prompt set: the strings of one-turn prompts without a category (as files of
+    plain prompts always were), else every question's turns and category."""
+    from .bench import as_questions
+
+    qs = as_questions(prompts)
+    if all(len(q.turns) == 1 and not q.category for q in qs):
+        return [q.turns[0] for q in qs]
+    return [[list(q.turns), q.category] for q in qs]
+
+
+def sweep_settings(prompts: list, max_new_tokens: int, top_p: float, target_name: str, **extra) -> dict:
+    """What must not change for a sweep (or a bench) to resume from its records."""
+    return dict(extra, prompts_sha=_fingerprint(_prompts_key(prompts)), max_new_tokens=max_new_tokens, top_p=top_p,
                 target=target_name)
 
 
+def config_fingerprint(config: DecodeConfig) -> str:
+    return _fingerprint(dataclasses.asdict(config))
+
+
 def load_state(out: str | Path, settings: dict) -> dict:
-    """The records of an earlier run of the same sweep in ``out`` (or a fresh state); a folder
-    holding a sweep with other settings is an error."""
+    """The records of an earlier run of the same sweep in folder ``out`` (its ``state.json``; or a
+    path ending in ``.json``: that file) or a fresh state; a state with other settings is an error."""
     out = Path(out)
-    path = out / "state.json"
+    path = out if out.suffix == ".json" else out / "state.json"
     if not path.exists():
         return {"settings": settings, "records": {}, "configs": {}}
     try:
@@ -273,11 +289,11 @@ def load_state(out: str | Path, settings: dict) -> dict:
     if state.get("settings") != settings:
         old = state.get("settings", {})
         diff = ", ".join(f"{k} {old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v)
-        raise ConfigError(f"{out} holds a sweep with other settings ({diff}); use another --out or delete it")
+        raise ConfigError(f"{out} holds runs with other settings ({diff}); use another output or delete it")
     return state
 
 
-def run_sweep(model, tokenizer, prompts: list[str], cells: list[Cell], out: str | Path, max_new_tokens: int,
+def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Path, max_new_tokens: int,
               top_p: float = 1.0, target_name: str = "", log=print, **extra_settings) -> dict:
     """Run every cell (one bench per temperature), recording each run in ``out/state.json``;
     return ``{"settings", "baselines": {temperature: plain}, "cells": [...]}``.
@@ -301,7 +317,7 @@ def run_sweep(model, tokenizer, prompts: list[str], cells: list[Cell], out: str 
         recs = state["records"].setdefault(key, {})
         seen = state["configs"].setdefault(key, {})
         for c in group:  # a cell whose config changed since the last run starts over
-            fp = _fingerprint(dataclasses.asdict(c.config))
+            fp = config_fingerprint(c.config)
             if seen.get(c.name) not in (None, fp):
                 recs.pop(c.name, None)
             seen[c.name] = fp

@@ -23,14 +23,15 @@ def test_bench_json_contract(tiny_target, tmp_path, capsys):
     assert set(r["plain"]) >= {"tokens_per_s", "hf_tokens_per_s", "speedup_vs_hf"}
     assert r["plain"]["tokens_per_s"] > 0 and r["plain"]["hf_tokens_per_s"] > 0
     assert r["plain"]["speedup_vs_hf"] == r["plain"]["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
-    assert r["plain"]["identical_to_hf"] == 2  # our plain loop == transformers' greedy generate
+    assert r["plain"]["identical_to_hf"] == 3  # our plain loop == transformers' greedy generate, every turn
+    assert r["plain"]["prompts"] == 2 and r["plain"]["turns"] == 3  # the second row has two turns
     assert [x["config"] for x in r["runs"]] == ["ngram", "self-draft"]
     assert r["draft_dtype_auto"] == {}  # no config asked for drafter.dtype: auto
     for run in r["runs"]:
         assert set(run) >= {"config", "mean_accepted", "tokens_per_s", "speedup", "speedup_vs_hf", "identical_to_plain",
                             "prompts"}
         assert run["speedup_vs_hf"] == run["tokens_per_s"] / r["plain"]["hf_tokens_per_s"]
-        assert run["prompts"] == 2 and run["identical_to_plain"] == 2 and run["mismatches"] == []
+        assert run["prompts"] == 2 and run["turns"] == 3 and run["identical_to_plain"] == 3 and run["mismatches"] == []
         assert isinstance(run["mean_accepted"], float) and run["speedup"] > 0
     assert r["runs"][1]["mean_accepted"] > 2  # the oracle drafter accepts (nearly) everything
     assert "| ngram" in out and "speedup" in out and "vs hf" in out and "plain / generate:" in out
