@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Explain in a few sentences why the sky is blue.
 DEMO_CONFIG ?= experiments/configs/eagle2-cpu.yaml
 
-.PHONY: setup demo test test-fast bench ablations head draft-model clean
+.PHONY: setup demo test test-fast bench specbench results ablations head draft-model clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,25 @@ bench: setup
 		--config experiments/configs/plain-bf16.yaml --config experiments/configs/eagle2-cpu-bf16.yaml \
 		--config experiments/configs/eagle2-dynamic-bf16.yaml \
 		--json experiments/results/bench-smollm2.json
+
+# docs/specbench.md: every shipped decoding config on a stratified Spec-Bench subset (the first
+# SPEC_PER_CATEGORY rows of each category; MT-bench questions have two turns). The project does not
+# ship Spec-Bench (hemingkx/Spec-Bench, data/spec_bench/question.jsonl): pass SPEC_BENCH=PATH.
+# Resumable: an interrupted run continues from experiments/results/specbench.records.json.
+SPEC_BENCH ?= ../shared/data/spec-bench/question.jsonl
+SPEC_PER_CATEGORY ?= 1
+SPEC_CONFIGS := plain-compiled plain plain-dynamic-cache plain-bf16 eagle2-cpu eagle2-auto eagle2-cpu-bf16 \
+	eagle2-dynamic eagle2-dynamic-bf16 eagle1-static eagle3-cpu eagle3-auto eagle3-dynamic medusa ngram \
+	chain-draft-model self-draft
+specbench: setup
+	$(BIN)/eagle bench --prompts $(SPEC_BENCH) --per-category $(SPEC_PER_CATEGORY) --max-new-tokens 128 \
+		$(foreach c,$(SPEC_CONFIGS),--config experiments/configs/$(c).yaml) \
+		--json experiments/results/specbench.json
+	$(BIN)/python experiments/specbench_report.py
+
+# the pages rendered from committed results (no model runs)
+results: setup
+	$(BIN)/python experiments/specbench_report.py
 
 # docs/ablations.md: every experiments/ablations/*.yaml through `eagle sweep` (resumable: a rerun
 # skips finished cells), then the tables and plots collected into one page (~26 min on 2 cores)

@@ -180,6 +180,7 @@ def run_bench(model, tokenizer, prompts: list, configs: list[DecodeConfig], max_
                 for name, dec in decoders.items() if todo(name)]
     margins: dict = {}  # (config, item) -> target logit margin where the output left plain decoding
     models = {name: dec.target.model for name, dec in decoders.items()}
+    policies = {name: dec.tree_policy for name, dec in decoders.items() if dec.tree_policy is not None}
     bar = tqdm(total=sum(n - len(r) for r in done.values()), desc="bench", unit="run", dynamic_ncols=True)
     encoded: list[torch.Tensor] = []
     # turns outer, methods inner: a slow spell of the machine hits every method alike; plain
@@ -203,6 +204,9 @@ def run_bench(model, tokenizer, prompts: list, configs: list[DecodeConfig], max_
         if i + 1 == n or conv.items[i + 1][0] != conv.items[i][0]:  # a question finished
             _summarize(result, {name: [recs[j] for j in range(i + 1)] for name, recs in done.items()},
                        configs, models | {"": model}, encoded, temperature, margins, conv)
+            for entry in result["runs"]:  # tree.shape auto: the costs and calibration it decides with now
+                if entry["config"] in policies:
+                    entry["tree_policy"] = policies[entry["config"]].report()
             if on_update:
                 on_update(result)
     bar.close()

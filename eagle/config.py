@@ -74,9 +74,12 @@ class DecodeConfig:
             raise ConfigError("drafter.type 'medusa' needs drafter.head (a Medusa head folder)")
         if self.drafter.type == "model" and not self.drafter.model:
             raise ConfigError("drafter.type 'model' needs drafter.model (a model name or folder)")
-        if self.drafter.sample and self.tree.shape == "dynamic":
-            raise ConfigError("drafter.sample: true needs a chain or static tree (the dynamic EAGLE-2 tree "
+        if self.drafter.sample and self.tree.shape in ("dynamic", "auto"):
+            raise ConfigError(f"drafter.sample: true needs a chain or static tree (the {self.tree.shape} tree "
                               "is always grown from the draft's top-k)")
+        if self.tree.shape == "auto" and self.drafter.type in ("none", "ngram"):
+            raise ConfigError(f"tree.shape 'auto' needs a drafter that grows a tree (self, eagle, eagle3, medusa, "
+                              f"model), not '{self.drafter.type}'")
         try:
             self.fallback.validate()
             self.tree.validate()

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from .draft import build_drafter
+from .draft.auto import AutoTreePolicy
 from .draft.base import Drafter, NoDrafter, Sampling
 from .fallback import FallbackConfig, FallbackPolicy
 from .runtime import RuntimeConfig
@@ -143,6 +144,11 @@ class TreeDecoder:
         self.eos = _eos_set(self.target.model, eos_token_id)
         self.fallback = fallback or FallbackConfig()
         self.policy = FallbackPolicy(self.fallback)  # kept across generate calls (eagle/fallback.py)
+        # tree.shape auto: the drafter's tree policy (costs, calibration), kept across generate calls
+        shape = getattr(self.drafter, "shape", None)
+        if self.drafter.tree_policy is None and getattr(shape, "shape", None) == "auto":
+            self.drafter.tree_policy = AutoTreePolicy(self.target.runtime.buckets, shape.max_nodes)
+        self.tree_policy = self.drafter.tree_policy
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
@@ -210,6 +216,8 @@ class TreeDecoder:
         cache = target.new_cache(max(self.cache_room(len(ids), max_new_tokens), cache_room or 0))
         layers = drafter.feature_layers  # EAGLE-3: fused low/mid/high target layers, else the final feature
         out = target.prefill(ids, cache, layers)
+        if self.tree_policy is not None:  # verification costs on this cache capacity (once per capacity)
+            self.tree_policy.prepare(target, cache, layers)
         root = int(out.greedy()[-1]) if sampling.greedy else self._sample(out.logits[-1], sampling)
         drafter.reset(ids)
         drafter.extend(out.features, torch.cat([ids[1:], ids.new_tensor([root])]))
@@ -251,6 +259,8 @@ class TreeDecoder:
                 root = bonus
             t3 = time.perf_counter()
             policy.record(drafting, len(new), t3 - t0)
+            if self.tree_policy is not None:
+                self.tree_policy.observe(tree, path, t1 - t0, t2 - t1, t3 - t2)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.other_s += t3 - t2

@@ -26,13 +26,7 @@ from pathlib import Path
 
 import torch
 
-
-def random_tree(T: int, vocab: int, gen: torch.Generator):
-    from eagle.tree import Tree
-
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
-    tokens = torch.randint(0, vocab, (T,), generator=gen).tolist()
-    return Tree.from_lists(tokens, parents)
+from eagle.costs import random_tree  # noqa: F401  (the probes under experiments/ take it from here)
 
 
 def read_bandwidth_gbs(mbytes: int = 512, repeats: int = 7) -> float:
@@ -76,31 +70,19 @@ def parse_path(name: str, buckets: list[int] | None = None):
 
 
 def measure(target, prefix: int, sizes: list[int], repeats: int) -> tuple[list[dict], float]:
-    """Median ms per size (sizes interleaved); returns the rows and the seconds of first calls."""
-    from eagle.target import Target
+    """Median ms per size (sizes interleaved, eagle/costs.py); returns the rows and the seconds of
+    the first (warm-up, compiling) round."""
+    from eagle.costs import verify_costs
 
     gen = torch.Generator().manual_seed(0)
-    vocab = target.lm_head.weight.shape[0]
-    ids = torch.randint(0, vocab, (prefix,), generator=gen)
+    ids = torch.randint(0, target.lm_head.weight.shape[0], (prefix,), generator=gen)
     cache = target.new_cache(prefix + max(sizes))
     target.prefill(ids, cache)
-    times: dict[int, list[float]] = {T: [] for T in sizes}
-    t_first = time.perf_counter()
-    for r in range(repeats + 1):
-        for T in sizes:
-            tree = random_tree(T, vocab, gen)
-            t0 = time.perf_counter()
-            target.tree_forward(tree, cache).greedy()  # a greedy verification step's forward
-            dt = time.perf_counter() - t0
-            Target.crop(cache, prefix)
-            if r:  # round 0 is a warm-up (and compiles, on a compiled path)
-                times[T].append(dt)
-        if r == 0:
-            t_first = time.perf_counter() - t_first
-    rows = [{"tree_tokens": T, "forward_ms": 1000 * statistics.median(times[T])} for T in sizes]
+    costs, first = verify_costs(target, cache, sizes, repeats)
+    rows = [{"tree_tokens": T, "forward_ms": 1000 * costs[T]} for T in sizes]
     for r in rows:
         r["relative_to_1"] = r["forward_ms"] / rows[0]["forward_ms"]
-    return rows, t_first
+    return rows, first
 
 
 def main(argv=None) -> int:

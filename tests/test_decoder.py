@@ -124,7 +124,7 @@ class RecordingNgram(Recording, NgramDrafter):
     pass
 
 
-@pytest.mark.parametrize("kind", ["self-chain", "self-static", "random", "ngram"])
+@pytest.mark.parametrize("kind", ["self-chain", "self-static", "self-auto", "random", "ngram"])
 def test_stats_consistent(kind, llama):
     model, target = llama
     prompt = prompt_ids(5, n=30)
@@ -132,12 +132,13 @@ def test_stats_consistent(kind, llama):
     n = 1 + 8 * (depth + 1)
     drafter = {"self-chain": lambda: RecordingSelfDrafter(target, TreeShape("chain", depth=K)),
                "self-static": lambda: RecordingSelfDrafter(target, TreeShape("static", choices=[[0], [1], [0, 0], [1, 0], [1, 1]])),
+               "self-auto": lambda: RecordingSelfDrafter(target, TreeShape("auto", depth=K, top_k=2, total_tokens=6)),
                "random": lambda: RandomTreeDrafter(V, seed=1),
                "ngram": lambda: RecordingNgram(3, 1, 4, 3)}[kind]()
     out = TreeDecoder(target, drafter).generate(prompt, n)
     assert out.tokens == plain_greedy(model, prompt, n=n)
     check_stats(out.stats, out.tokens, drafter.proposed)
-    if kind.startswith("self"):
+    if kind in ("self-chain", "self-static"):
         assert out.stats.tau == depth + 1 and out.stats.target_forwards == 8
         assert out.stats.per_depth_acceptance == [1.0] * depth and out.stats.alpha == 1.0
         # no truncation here: every emitted token is accounted for by the histogram

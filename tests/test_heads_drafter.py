@@ -109,7 +109,9 @@ def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
 @pytest.mark.parametrize("head_kind", ["bigram", "random", "random-draft-vocab"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("shape", [TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8),
-                                   TreeShape(shape="static", choices=STATIC)], ids=["dynamic", "static"])
+                                   TreeShape(shape="static", choices=STATIC),
+                                   TreeShape(shape="auto", depth=3, top_k=3, total_tokens=8)],
+                         ids=["dynamic", "static", "auto"])
 def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
     model = make_tiny_head_target(arch)
     target = Target(model, "reference")
@@ -170,7 +172,8 @@ def test_reduced_precision_drafter_matches_float32_reference(shape, dtype):
 
 SHAPES = {"chain": TreeShape("chain", depth=4),
           "static": TreeShape("static", choices=STATIC),
-          "dynamic": TreeShape("dynamic", depth=4, top_k=3, total_tokens=10)}
+          "dynamic": TreeShape("dynamic", depth=4, top_k=3, total_tokens=10),
+          "auto": TreeShape("auto", depth=4, top_k=3, total_tokens=10)}
 N_NEW = 40
 _plain: dict = {}
 

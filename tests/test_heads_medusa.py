@@ -286,7 +286,8 @@ def test_bfloat16_drafts_leave_the_head_alone(model, target):
 
 
 SHAPES = {"static": TreeShape("static", choices=CHOICES), "chain": TreeShape("chain", depth=3),
-          "dynamic": TreeShape("dynamic", depth=3, top_k=4, total_tokens=10)}
+          "dynamic": TreeShape("dynamic", depth=3, top_k=4, total_tokens=10),
+          "auto": TreeShape("auto", depth=3, top_k=4, total_tokens=10)}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -40,6 +40,9 @@ class Drafter(ABC):
 
     # transformers ``hidden_states`` indices the drafter reads instead of the final feature
     feature_layers: tuple[int, ...] | None = None
+    # ``tree.shape: auto``: the decoder's AutoTreePolicy (eagle/draft/auto.py), which a drafter that
+    # grows its tree through ``TreeShape.grow`` passes on as ``policy=``
+    tree_policy = None
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         # history[i + 1] is always the token that follows position i; the first ``extend`` call

@@ -32,4 +32,4 @@ class SelfDrafter(Drafter):
             Target.crop(self.cache, prefix_len)
             return out.logits[nodes]
 
-        return self.shape.grow(root, expand, sampling, self.sample)
+        return self.shape.grow(root, expand, sampling, self.sample, policy=self.tree_policy)

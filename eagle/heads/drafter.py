@@ -268,4 +268,5 @@ class EagleDrafter(Drafter):
             return self._logits(feats[torch.tensor([row(n) for n in nodes], device=dev)])
 
         # the drafted slots stay beyond the committed length: the next catch-up overwrites them
-        return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)
+        return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab,
+                               policy=self.tree_policy)

@@ -320,4 +320,5 @@ class MedusaDrafter(Drafter):
                 rows.append(d)
             return logits[torch.tensor(rows, device=logits.device)]
 
-        return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab)
+        return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab,
+                               policy=self.tree_policy)

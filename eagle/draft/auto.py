@@ -1,0 +1,298 @@
+"""``tree.shape: auto``: each step's tree sized from measured costs and calibrated acceptance.
+
+Objective: expected tokens per second of the step about to run,
+
+    rate(levels, n) = (1 + sum of the n best node values) / (overhead + draft(levels) + verify(bucket(n + 1)))
+
+* a node's *value* is the chance that the verifier accepts it: the product, along its root path,
+  of the calibrated acceptance of each edge, where an edge's draft probability q (the drafter's
+  softmax of the child under its parent) is mapped to the acceptance actually observed for drafted
+  nodes of that confidence band whose parent was accepted (:class:`Calibration`). Siblings exclude
+  each other and a node needs its parent, so 1 + the sum of the values is the expected number of
+  tokens a step emits;
+* ``verify(b)``: the measured seconds of a verification forward of a ``b``-node bucket
+  (eagle/costs.py, once per cache capacity, on the decoder's own cache; then refined by what the
+  steps take); ``draft(levels)``: the measured seconds of each drafted level; ``overhead``: the rest
+  of a step (the drafter's catch-up, bookkeeping), measured.
+
+Growing: level by level like EAGLE-2 (the ``top_k`` most valuable frontier nodes expanded with
+their ``top_k`` best children each), at most ``depth`` levels. After each level it asks whether the
+next one is worth its time: the next level can add at most ``a * value(f)`` for each frontier node
+``f`` (``a``: the measured chance that an accepted node's best children hold the next accepted
+token at that depth); drafting stops when even that gain does not raise the best rate. Then it
+verifies the best ``n`` nodes, with ``n`` the count (at most ``total_tokens``) that maximises the
+rate, which is always a bucket boundary or everything drafted. ``n = 0`` (a plain step) is allowed.
+
+Exactness does not depend on any of this: the tree is chosen before the target sees it, and the
+verifier is exact for every tree (greedy: identical to plain decoding; sampling: the target's
+distribution, deterministic children verified as point-mass proposals).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import Tree
+from .base import Sampling
+from .grow import Expand, _to_target, select_dynamic
+
+__all__ = ["Calibration", "StepCosts", "AutoTreePolicy", "grow_auto"]
+
+
+class Calibration:
+    """Acceptance per draft-probability band: ``rate(q)`` is the share of drafted nodes with edge
+    probability ``q`` in that band that were accepted, counting only nodes whose parent was
+    accepted (the others were never tried). Starts from a prior of ``prior_weight`` pseudo-trials
+    at the band's mid-point (a perfectly calibrated draft). Per depth it also keeps ``child(d)``:
+    how often an accepted node at depth ``d`` with drafted children had one of them accepted."""
+
+    def __init__(self, bands: int = 10, prior_weight: float = 4.0, prior_child: float = 0.5):
+        self.bands = bands
+        mid = (torch.arange(bands, dtype=torch.float64) + 0.5) / bands
+        self.hits = mid * prior_weight  # (bands,)
+        self.trials = torch.full((bands,), prior_weight, dtype=torch.float64)
+        self.prior_child = prior_child
+        self.child_hits: list[float] = []
+        self.child_trials: list[float] = []
+
+    def band(self, q: torch.Tensor) -> torch.Tensor:
+        return (q.double() * self.bands).long().clamp_(0, self.bands - 1)
+
+    def rate(self, q: torch.Tensor) -> torch.Tensor:
+        """Calibrated acceptance of edges with draft probabilities ``q`` (any shape), float64."""
+        return (self.hits / self.trials)[self.band(q)]
+
+    def child(self, d: int) -> float:
+        """Chance that an accepted node at depth ``d`` has an accepted child among its drafted ones
+        (prior ``prior_child`` with weight 2)."""
+        h = self.child_hits[d] if d < len(self.child_hits) else 0.0
+        t = self.child_trials[d] if d < len(self.child_trials) else 0.0
+        return (h + 2 * self.prior_child) / (t + 2)
+
+    def observe(self, q: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, path: list[int]) -> None:
+        """One verified tree: ``q (T,)`` edge probabilities (the root's unused), ``parents``,
+        ``depth``, and the accepted ``path`` (node indices from the root)."""
+        on_path = torch.zeros(len(parents), dtype=torch.bool)
+        on_path[path] = True
+        tried = on_path[parents.clamp(min=0)] & (parents >= 0)  # (T,) the parent was accepted
+        b = self.band(q[tried])
+        self.trials.index_add_(0, b, torch.ones(len(b), dtype=torch.float64))
+        self.hits.index_add_(0, b, on_path[tried].double())
+        has_kids = torch.zeros(len(parents), dtype=torch.bool)
+        has_kids[parents[parents >= 0]] = True
+        for node in path:
+            if has_kids[node]:
+                d = int(depth[node])
+                while len(self.child_trials) <= d:
+                    self.child_trials.append(0.0)
+                    self.child_hits.append(0.0)
+                self.child_trials[d] += 1
+                self.child_hits[d] += node != path[-1]
+
+    def table(self) -> list[dict]:
+        """Per band: its range, the acceptance used now and the trials observed (prior excluded)."""
+        return [{"q": [i / self.bands, (i + 1) / self.bands], "rate": float(self.hits[i] / self.trials[i]),
+                 "trials": float(self.trials[i])} for i in range(self.bands)]
+
+
+class _Recent:
+    """The median of the last ``window`` values: a machine's odd slow call (a page fault, the other
+    core busy) moves it no more than one value in a window does."""
+
+    def __init__(self, window: int = 15, skip: int = 0):
+        self.window, self.values, self.skip = window, [], skip  # skip: first calls not counted (warm-up)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+    def add(self, x: float) -> None:
+        if self.skip:
+            self.skip -= 1
+            return
+        self.values = self.values[-(self.window - 1):] + [x]
+
+    def reset(self, values: list[float]) -> None:
+        self.values = list(values)[-self.window:]
+
+
+class StepCosts:
+    """Seconds of the parts of a step on this machine and backend: a verification forward per
+    bucket (measured at start, then the median of the recent steps that ran it), each drafted level,
+    and the rest of a step (medians of recent steps)."""
+
+    SURE = 3
+
+    def __init__(self, buckets: list[int]):
+        self.buckets = list(buckets)
+        self.verify: dict[int, _Recent] = {b: _Recent() for b in self.buckets}
+        self.levels: list[_Recent] = []
+        self.overhead = _Recent()
+
+    def bucket(self, n: int) -> int:
+        return next((b for b in self.buckets if b >= n), self.buckets[-1])
+
+    def verify_s(self, n: int) -> float:
+        """Seconds to verify ``n`` nodes (root included): their bucket's measurement."""
+        v = self.verify[self.bucket(n)].value
+        return 0.0 if v is None else v
+
+    def level_s(self, d: int) -> float:
+        """Seconds of drafted level ``d`` (0-based). A level with fewer than ``SURE`` measurements
+        counts as cheap as the cheapest well-measured level (0 if none): optimism, so that the
+        policy drafts it a few times and learns what it costs (its first call, often a warm-up, is
+        not counted)."""
+        m = self.levels[d] if d < len(self.levels) else None
+        if m is not None and len(m.values) >= self.SURE:
+            return m.value
+        known = [x.value for x in self.levels if len(x.values) >= self.SURE]
+        return min(known) if known else 0.0
+
+    def draft_s(self, levels: int) -> float:
+        return sum(self.level_s(d) for d in range(levels))
+
+    def add_levels(self, seconds: list[float]) -> None:
+        for d, s in enumerate(seconds):
+            while len(self.levels) <= d:
+                self.levels.append(_Recent(skip=1))
+            self.levels[d].add(s)
+
+    def as_dict(self) -> dict:
+        ms = lambda m: None if m.value is None else 1000 * m.value  # noqa: E731
+        return {"verify_ms": {b: ms(m) for b, m in self.verify.items()}, "level_ms": [ms(m) for m in self.levels],
+                "overhead_ms": ms(self.overhead)}
+
+
+@dataclass
+class _Proposal:
+    """What the last grown tree was made of, for :meth:`AutoTreePolicy.observe`."""
+
+    q: torch.Tensor  # (T,) edge draft probabilities of the verified nodes
+    levels_s: float  # seconds of the drafted levels
+
+
+class AutoTreePolicy:
+    """The state of ``tree.shape: auto`` for one decoder: costs and calibration, kept from one
+    generation to the next (a warm-up generation calibrates the timed ones).
+
+    The decoder calls :meth:`prepare` after each prefill (measures the verification forwards on a
+    new cache capacity) and :meth:`observe` after each verification; the tree grower calls
+    :meth:`grow`. Attributes ``costs`` and ``calibration`` are public for reports."""
+
+    EXPLORE = 32  # every EXPLORE-th step drafts one level past where the policy would stop
+
+    def __init__(self, buckets: list[int], max_nodes: int, repeats: int = 3):
+        self.buckets = [b for b in buckets if b <= max_nodes] or [max_nodes]
+        if self.buckets[-1] < max_nodes:  # trees past the last bucket run at their own size
+            self.buckets.append(max_nodes)
+        self.max_nodes, self.repeats = max_nodes, repeats
+        self.costs = StepCosts(self.buckets)
+        self.calibration = Calibration()
+        self.measured: set = set()  # cache capacities whose forwards were measured (and compiled)
+        self.last: _Proposal | None = None
+        self.steps = 0
+
+    # ---- the decoder's calls ------------------------------------------------------------------
+    def prepare(self, target, cache, layers=None) -> None:
+        """Measure each bucket's verification forward after the prompt in ``cache`` (once per cache
+        capacity: on a compiled path another capacity is another graph, compiled here, not inside a
+        later step)."""
+        key = getattr(cache, "capacity", None)
+        if key in self.measured:
+            return
+        from ..costs import verify_costs
+
+        costs, _ = verify_costs(target, cache, self.buckets, self.repeats, layers)
+        for b, s in costs.items():
+            self.costs.verify[b].reset([s])  # the newest measurement replaces what the steps saw
+        self.measured.add(key)
+
+    def observe(self, tree: Tree, path: list[int], draft_s: float, verify_s: float, other_s: float) -> None:
+        """One finished step: its verified ``tree``, the accepted ``path`` and its timings."""
+        self.costs.verify[self.costs.bucket(len(tree))].add(verify_s)
+        if self.last is None or len(self.last.q) != len(tree):  # a step the grower did not make
+            return
+        self.costs.overhead.add(max(draft_s - self.last.levels_s, 0.0) + other_s)
+        self.calibration.observe(self.last.q, tree.parents.cpu(), tree.depth.cpu(), path)
+        self.last = None
+
+    # ---- the objective ------------------------------------------------------------------------
+    def best_count(self, values: torch.Tensor, levels: int) -> tuple[int, float]:
+        """``(n, rate)``: how many of the nodes with ``values`` (sorted descending) to verify after
+        ``levels`` drafted levels, and the expected tokens per second of that step."""
+        gain = torch.cat([torch.zeros(1, dtype=torch.float64), values.cumsum(0)])  # (N + 1,) n = 0..N
+        fixed = (self.costs.overhead.value or 0.0) + self.costs.draft_s(levels)
+        best, best_rate = 0, 0.0
+        for n in range(min(len(values), self.max_nodes - 1) + 1):  # within a bucket the largest n wins
+            t = fixed + self.costs.verify_s(n + 1)
+            rate = (1 + float(gain[n])) / t if t > 0 else 1 + float(gain[n])
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best, best_rate
+
+    def worth_another_level(self, values: torch.Tensor, frontier_values: torch.Tensor, levels: int,
+                            depth: int) -> bool:
+        """Whether drafting level ``levels + 1`` can pay: the best rate with the nodes so far
+        against the best rate with, in addition, the most the next level can add (``child(depth)``
+        of each frontier node's value) at one more level's cost."""
+        _, now = self.best_count(values.sort(descending=True).values, levels)
+        extra = frontier_values * self.calibration.child(depth)
+        _, then = self.best_count(torch.cat([values, extra]).sort(descending=True).values, levels + 1)
+        return then > now
+
+    # ---- growing ------------------------------------------------------------------------------
+    def grow(self, root: int, depth: int, top_k: int, expand: Expand, vocab_map: torch.Tensor | None = None) -> Tree:
+        """The step's tree (see the module docstring)."""
+        tokens = torch.tensor([root], dtype=torch.long)  # (N,)
+        parents = torch.tensor([-1], dtype=torch.long)  # (N,)
+        scores = torch.zeros(1)  # (N,) cumulative draft log-prob (the Tree's scores)
+        q = torch.ones(1)  # (N,) edge draft probability
+        value = torch.ones(1, dtype=torch.float64)  # (N,) calibrated chance of acceptance
+        frontier = torch.tensor([0], dtype=torch.long)  # (F,)
+        levels: list[float] = []
+        self.steps += 1
+        explore = self.steps % self.EXPLORE == 0  # keeps the deeper levels' costs and acceptance measured
+        for d in range(depth):
+            t0 = time.perf_counter()
+            logits = expand(Tree(tokens, parents), frontier.tolist())  # (F, V)
+            top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (F, k)
+            logq = top.values.cpu()
+            levels.append(time.perf_counter() - t0)
+            n0 = len(tokens)
+            tokens = torch.cat([tokens, _to_target(top.indices, vocab_map).flatten().cpu()])
+            parents = torch.cat([parents, frontier.repeat_interleave(logq.shape[1])])
+            scores = torch.cat([scores, (scores[frontier][:, None] + logq).flatten()])
+            q = torch.cat([q, logq.exp().flatten()])
+            new_value = (value[frontier][:, None] * self.calibration.rate(logq.exp())).flatten()  # (F * k,)
+            value = torch.cat([value, new_value])
+            if d + 1 == depth:
+                break
+            frontier = (n0 + torch.sort(-new_value, stable=True).indices[:top_k]).sort().values
+            if not self.worth_another_level(value[1:], value[frontier], len(levels), d + 1):
+                if not explore:
+                    break
+                explore = False
+        self.costs.add_levels(levels)
+        n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels))
+        # best n by value; ties towards the earlier (shallower) node, closed under ancestors
+        keep = select_dynamic(value.log().float(), parents, n)
+        self.last = _Proposal(q[keep], sum(levels))
+        return Tree(tokens, parents, None, scores).select(keep)
+
+    def report(self) -> dict:
+        """The costs and calibration in use now (for ``eagle generate -v`` and the bench JSON)."""
+        return {"costs": self.costs.as_dict(), "calibration": self.calibration.table(),
+                "child_acceptance": [self.calibration.child(d) for d in range(max(len(self.calibration.child_trials), 1))]}
+
+
+def grow_auto(root: int, depth: int, top_k: int, expand: Expand, sampling: Sampling, policy: AutoTreePolicy,
+              vocab_map: torch.Tensor | None = None) -> Tree:
+    """``TreeShape.grow`` for ``shape: auto`` (``sampling`` is not needed: children are the
+    draft's top-k, verified as deterministic proposals)."""
+    if policy is None:
+        raise ValueError("tree.shape 'auto' needs the decoder's AutoTreePolicy (build the decoder with "
+                         "TreeDecoder.from_config)")
+    return policy.grow(root, depth, top_k, expand, vocab_map)

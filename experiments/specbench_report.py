@@ -1,0 +1,99 @@
+"""Render docs/specbench.md from the committed bench JSON of `make specbench` (no model runs).
+
+    python experiments/specbench_report.py [--json experiments/results/specbench.json] [--out docs/specbench.md]
+
+Per Spec-Bench subtask and pooled: every config's tau, tok/s, speedup against our compiled plain loop
+(``--baseline``, default plain-compiled) and against transformers' ``generate``, the step cost (a
+drafted step's time over a plain step's, so speedup ~= tau / step cost apart from the prefill) and
+the turns identical to plain decoding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pooled(run: dict) -> dict:
+    return {"tau": run["mean_accepted"], "tokens_per_s": run["tokens_per_s"], "step_cost": run.get("step_cost", 0.0),
+            "identical": run["identical_to_plain"], "turns": run.get("turns", run["prompts"]),
+            "speedup_vs_hf": run.get("speedup_vs_hf", 0.0)}
+
+
+def render(result: dict, json_path: str, baseline: str) -> str:
+    runs = {r["config"]: r for r in result["runs"]}
+    if baseline not in runs:
+        raise SystemExit(f"error: {json_path} has no run named '{baseline}' (runs: {', '.join(runs)})")
+    cats = list(result["plain"]["categories"])
+    base = runs[baseline]
+    lines = ["# Spec-Bench", "",
+             "Spec-Bench (hemingkx/Spec-Bench, `data/spec_bench/question.jsonl`) is the field's yardstick for "
+             "speculative decoding: 480 questions in six subtasks (MT-bench's 80 two-turn questions pooled as "
+             "`mt_bench`, and 80 each of translation, summarization, qa, math_reasoning, rag). The project does not "
+             "ship it; pass its path (`make specbench SPEC_BENCH=PATH`).", "",
+             f"Measured on {result['device']}, target `{result['target']}`, greedy, up to "
+             f"{result['max_new_tokens']} new tokens a turn; the subset: {result.get('per_category') or 'all'} "
+             f"row(s) per category of `{Path(result.get('prompt_file', '')).name}` "
+             f"({result['plain']['prompts']} questions, {result['plain']['turns']} turns; turn 2 of an MT-bench "
+             "question is asked after turn 1 and plain decoding's answer to it). Every method runs on the same "
+             "turns in one process, turns outer and methods inner.", "",
+             "Command:", "", "```", result.get("command", "make specbench"), "python experiments/specbench_report.py",
+             "```", "",
+             f"Columns: tau = tokens per target forward in the decode phase (bonus token included); "
+             f"**vs {baseline}** = tok/s over our compiled plain loop's on the same turns; vs generate = over "
+             "transformers' `generate`; step cost = a drafted step's time over a plain step's (plain decoding in "
+             "the same precision), so the speedup is about tau / step cost (the prefill is the rest); "
+             "identical = turns whose output equals plain decoding's.", ""]
+    if result.get("resumed_runs"):
+        lines += [f"({result['resumed_runs']} runs were resumed from an interrupted process: their times come "
+                  "from it.)", ""]
+    lines += ["![tau and speedup per subtask](../experiments/results/specbench.png)", ""]
+    for cat in cats + ["pooled"]:
+        if cat == "pooled":
+            rows = {name: _pooled(r) for name, r in runs.items()}
+            plain = result["plain"]
+            lines += [f"## pooled ({plain['prompts']} questions, {plain['turns']} turns)", ""]
+            gen = result["generate"]["tokens_per_s"]
+        else:
+            rows = {name: r["categories"][cat] for name, r in runs.items()}
+            c = result["plain"]["categories"][cat]
+            lines += [f"## {cat} ({c['prompts']} questions, {c['turns']} turns)", ""]
+            gen = result["generate"]["categories"][cat]["tokens_per_s"]
+        ref = rows[baseline]["tokens_per_s"]
+        lines += [f"| config | tau | tok/s | vs {baseline} | vs generate | step cost | identical |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, r in rows.items():
+            lines.append(f"| {name} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
+                         f"{r['tokens_per_s'] / ref if ref else 0:.2f}x | {r['tokens_per_s'] / gen if gen else 0:.2f}x | "
+                         f"{r['step_cost']:.2f}x | {r['identical']}/{r['turns']} |")
+        lines.append("")
+    del base
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=str(ROOT / "experiments/results/specbench.json"))
+    ap.add_argument("--out", default=str(ROOT / "docs/specbench.md"))
+    ap.add_argument("--baseline", default="plain-compiled", help="the run speedups are computed against")
+    args = ap.parse_args(argv)
+    path = Path(args.json)
+    if not path.is_file():
+        print(f"error: {path} not found (run `make specbench` first)", file=sys.stderr)
+        return 2
+    try:
+        result = json.loads(path.read_text())
+        text = render(result, args.json, args.baseline)
+    except (json.JSONDecodeError, KeyError) as e:
+        print(f"error: {path} is not a bench JSON with per-subtask results ({e})", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

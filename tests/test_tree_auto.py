@@ -1,0 +1,196 @@
+"""``tree.shape: auto`` (eagle/draft/auto.py): calibration, costs, the objective's choices, the grown
+trees, lossless decoding with it, and exact sampling over auto-grown trees."""
+import numpy as np
+import pytest
+import torch
+
+from eagle.draft.auto import AutoTreePolicy, Calibration, StepCosts
+from eagle.tree import Tree
+
+
+def test_calibration_counts_only_nodes_whose_parent_was_accepted():
+    cal = Calibration(bands=4, prior_weight=0.0 + 1e-9)
+    # root 0 -> 1 (q .9) -> 3 (q .6); root -> 2 (q .2); node 2 -> 4 (q .8): node 4's parent was rejected
+    parents = torch.tensor([-1, 0, 0, 1, 2])
+    depth = torch.tensor([0, 1, 1, 2, 2])
+    q = torch.tensor([1.0, 0.9, 0.2, 0.6, 0.8])
+    cal.observe(q, parents, depth, [0, 1])  # 1 accepted, 3 rejected
+    rates = cal.rate(torch.tensor([0.9, 0.2, 0.6, 0.8]))
+    assert rates.tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0], abs=1e-6)
+    assert cal.trials[3] == pytest.approx(1.0)  # 0.9 counted once; node 4 (q 0.8, same band) never tried
+    # child acceptance per depth: the root had a child accepted, node 1 (depth 1) had none
+    assert cal.child_hits == [1.0, 0.0] and cal.child_trials == [1.0, 1.0]
+
+
+def test_calibration_prior_is_the_band_midpoint():
+    cal = Calibration(bands=10)
+    assert cal.rate(torch.tensor([0.05, 0.55, 0.99])).tolist() == pytest.approx([0.05, 0.55, 0.95])
+    assert cal.child(0) == 0.5 and cal.child(7) == 0.5
+
+
+def test_step_costs_buckets_and_optimism_about_unmeasured_levels():
+    c = StepCosts([1, 4, 8, 16])
+    assert [c.bucket(n) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 8, 16]
+    assert c.draft_s(3) == 0.0  # nothing measured: optimistic, so the levels get tried
+    c.add_levels([1.0, 0.002])  # each level's first call is a warm-up: not counted
+    c.add_levels([0.001, 0.003])
+    assert c.levels[0].values == [0.001] and c.levels[1].values == [0.003]
+    for _ in range(3):
+        c.add_levels([0.001, 0.003])
+    assert c.level_s(0) == 0.001 and c.level_s(1) == 0.003
+    assert c.level_s(2) == 0.001  # unmeasured: as cheap as the cheapest well-measured level
+    c.add_levels([100.0] * 3)  # one odd slow call barely moves a median
+    assert c.level_s(1) == 0.003
+
+
+def _policy(verify: dict, level: float = 0.002, overhead: float = 0.001, max_nodes: int = 16) -> AutoTreePolicy:
+    p = AutoTreePolicy(sorted(verify), max_nodes)
+    for b, s in verify.items():
+        p.costs.verify[b].reset([s])
+    for _ in range(5):
+        p.costs.add_levels([level] * 6)
+    p.costs.overhead.reset([overhead])
+    return p
+
+
+def test_best_count_fills_a_flat_bucket_and_stops_where_the_next_one_does_not_pay():
+    p = _policy({1: 0.020, 4: 0.020, 8: 0.021, 16: 0.030})
+    vals = torch.tensor([0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.05, 0.01, 0.01, 0.01], dtype=torch.float64)
+    n, rate = p.best_count(vals, levels=3)
+    assert n == 7  # the 8-node bucket (root + 7) costs about one token; 16 nodes add 0.03 for 9 ms more
+    assert rate == pytest.approx((1 + float(vals[:7].sum())) / (0.001 + 0.006 + 0.021))
+    # a cheap 16-node bucket: take everything
+    assert p.best_count(vals, 3)[0] == 7 and _policy({1: 0.020, 4: 0.020, 8: 0.020, 16: 0.020}).best_count(vals, 3)[0] == 11
+    # worthless drafts and a dear tree: a plain step
+    p = _policy({1: 0.010, 4: 0.030, 8: 0.040, 16: 0.060})
+    assert p.best_count(torch.tensor([0.01, 0.01], dtype=torch.float64), 1)[0] == 0
+
+
+def test_another_level_only_when_its_expected_gain_pays_for_it():
+    vals = torch.tensor([0.9, 0.05], dtype=torch.float64)
+    front = torch.tensor([0.9, 0.05], dtype=torch.float64)
+    assert _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.001).worth_another_level(vals, front, 1, 1)
+    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.05).worth_another_level(vals, front, 1, 1)
+    weak = torch.tensor([0.01, 0.01], dtype=torch.float64)
+    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.004).worth_another_level(weak, weak, 1, 1)
+
+
+def _bigram_expand(table: torch.Tensor):
+    """``expand`` of a drafter whose next-token logits depend on the node's token only."""
+    def expand(tree: Tree, nodes: list[int]) -> torch.Tensor:
+        return table[tree.tokens[nodes]]
+    return expand
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grown_trees_are_well_formed_and_keep_the_most_valuable_nodes(seed):
+    g = torch.Generator().manual_seed(seed)
+    V = 40
+    table = torch.randn(V, V, generator=g) * (1 + seed)  # sharper drafts at higher seeds
+    p = _policy({1: 0.02, 4: 0.02, 8: 0.022, 16: 0.026}, level=0.001)
+    for step in range(5):
+        tree = p.grow(step % V, depth=5, top_k=3, expand=_bigram_expand(table))
+        T = len(tree)
+        assert 1 <= T <= 16
+        par = tree.parents.tolist()
+        assert par[0] == -1 and all(0 <= par[i] < i for i in range(1, T))  # parents before children
+        # each node's value is its parent's times the calibrated rate of its edge, so never above it
+        q = p.last.q
+        assert len(q) == T and torch.all((q[1:] > 0) & (q[1:] <= 1))
+        p.observe(tree, [0], 0.005, 0.02, 0.001)
+    assert p.last is None and p.costs.overhead.value is not None
+
+
+def test_the_objective_picks_deeper_trees_for_confident_drafts():
+    V = 30
+    sure = torch.full((V, V), -20.0)
+    sure[torch.arange(V), (torch.arange(V) + 1) % V] = 20.0  # the draft is certain of one child
+    unsure = torch.zeros(V, V)  # uniform: every child has q = 1/30
+    costs = {1: 0.02, 4: 0.02, 8: 0.02, 16: 0.021}
+    deep = _policy(costs, level=0.001).grow(0, depth=6, top_k=3, expand=_bigram_expand(sure))
+    flat = _policy(costs, level=0.001).grow(0, depth=6, top_k=3, expand=_bigram_expand(unsure))
+    assert int(deep.depth.max()) == 6 and deep.tokens[deep.parents >= 0].tolist()[:1] == [1]
+    assert int(flat.depth.max()) <= 2
+
+
+def test_a_shape_auto_config_needs_a_tree_growing_drafter(tmp_path):
+    from eagle.config import ConfigError, load_config
+
+    for drafter in ("ngram", "none"):
+        (tmp_path / "c.yaml").write_text(f"drafter: {{type: {drafter}}}\ntree: {{shape: auto}}\n")
+        with pytest.raises(ConfigError, match=f"tree.shape 'auto' needs a drafter that grows a tree.*'{drafter}'"):
+            load_config(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text("drafter: {type: self, sample: true}\ntree: {shape: auto}\n")
+    with pytest.raises(ConfigError, match="drafter.sample: true needs a chain or static tree"):
+        load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("config", ["eagle2-auto", "eagle3-auto"])
+def test_shipped_auto_configs_load(config):
+    from pathlib import Path
+
+    from eagle.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "experiments/configs" / f"{config}.yaml")
+    assert cfg.tree.shape == "auto" and cfg.max_tree_nodes() == 16
+
+
+def test_self_drafter_auto_is_lossless_and_keeps_its_policy_across_generations(llama):
+    from conftest import plain_greedy, prompt_ids
+
+    from eagle import TreeDecoder
+    from eagle.draft.selfdraft import SelfDrafter
+    from eagle.draft.shape import TreeShape
+
+    model, target = llama
+    dec = TreeDecoder(target, SelfDrafter(target, TreeShape("auto", depth=4, top_k=2, total_tokens=7)))
+    policy = dec.tree_policy
+    assert policy is not None and policy.max_nodes == 8
+    for seed in range(3):
+        p = prompt_ids(seed, n=12)
+        out = dec.generate(p, 30)
+        assert out.tokens == plain_greedy(model, p, n=30)
+        assert dec.tree_policy is policy
+        assert sum(out.stats.depth_hist) == out.stats.target_forwards == sum(out.stats.nodes_hist)
+    # the oracle drafter is always right: the calibration learns it and the trees grow deep
+    assert out.stats.tau > 2.5 and policy.calibration.child(0) > 0.8
+    assert set(policy.costs.verify) == {1, 4, 8} and all(m.value > 0 for m in policy.costs.verify.values())
+    assert policy.report()["costs"]["verify_ms"][8] > 0
+
+
+# ---- exact sampling over auto-grown trees --------------------------------------------------------
+
+
+@pytest.mark.statistical
+def test_sampling_over_auto_trees_keeps_the_target_distribution():
+    """Steps verify trees grown by auto policies in several states (so the shape changes from step
+    to step, chosen from the draft and the history, never from the target's current output): the
+    first two emitted tokens are distributed as the target's, TV < 0.01 over 1e5 samples."""
+    from test_verify import exact_first_and_joint, expected_tv_noise, histograms, tables, tv
+
+    from eagle.verify import sample_verify
+
+    target, draft = tables()
+    V = target.shape[0]
+    policies = [_policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=lv) for lv in (0.0005, 0.004, 0.02)]
+    trees = {(k, r): pol.grow(r, depth=3, top_k=2, expand=_bigram_expand(draft))
+             for k, pol in enumerate(policies) for r in range(V)}
+    assert len({tuple(t.parents.tolist()) for t in trees.values()}) >= 3  # the shapes differ
+    N = 100_000
+    rng = np.random.default_rng(5)
+    gen = torch.Generator().manual_seed(5)
+    which = rng.integers(0, len(policies), size=(N, 2))
+    first, second = np.empty(N, dtype=np.int64), np.empty(N, dtype=np.int64)
+    for n in range(N):
+        tree = trees[int(which[n, 0]), 0]
+        path, bonus = sample_verify(tree, target[tree.tokens], 1.0, 1.0, gen)
+        out = tree.tokens[path[1:]].tolist() + [bonus]
+        if len(out) < 2:
+            tree = trees[int(which[n, 1]), out[0]]
+            path, bonus = sample_verify(tree, target[tree.tokens], 1.0, 1.0, gen)
+            out = out + tree.tokens[path[1:]].tolist() + [bonus]
+        first[n], second[n] = out[0], out[1]
+    f, j = histograms(first, second)
+    p1, joint = exact_first_and_joint()
+    assert expected_tv_noise(joint, N) < 0.004
+    assert tv(f, p1) < 0.01 and tv(j, joint) < 0.01, (tv(f, p1), tv(j, joint))
