@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true",
                    help="also time plain decoding on the same prompt, interleaved with the drafted runs, "
                         "and print the speedup")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="after the answer: the trees verified (a histogram of depths and node counts), the "
+                        "acceptance per depth, and with tree.shape auto the costs and calibration it chose with")
     g.add_argument("--rounds", type=_positive_int, default=2,
                    help="--compare: timed rounds; each runs plain and drafted decoding once, in alternating "
                         "order (default 2: plain-drafted, drafted-plain)")
@@ -239,6 +242,29 @@ def _generate(args) -> None:
         if args.temperature == 0:
             line += " (identical to plain)" if same else " (differs from plain)"
     print(line)
+    if args.verbose:
+        print(format_trees(st, dec.tree_policy))
+
+
+def _histogram(counts: list[int]) -> str:
+    return ", ".join(f"{i}: {c}" for i, c in enumerate(counts) if c) or "-"
+
+
+def format_trees(stats, policy=None) -> str:
+    """``eagle generate -v``: the trees one generation verified, and an auto policy's measurements."""
+    lines = [f"tree depth (levels drafted): steps  {_histogram(stats.depth_hist)}",
+             f"tree nodes (root included):  steps  {_histogram(stats.nodes_hist)}",
+             "acceptance per depth: " + (" ".join(f"{a:.2f}" for a in stats.per_depth_acceptance) or "-")]
+    if policy is not None:
+        rep = policy.report()
+        c = rep["costs"]
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        lines.append("auto tree policy: verify ms per bucket " + ", ".join(f"{b}: {fmt(v)}" for b, v in c["verify_ms"].items())
+                     + " | draft ms per level " + " ".join(fmt(v) for v in c["level_ms"])
+                     + f" | other ms {fmt(c['overhead_ms'])}")
+        lines.append("  acceptance by draft probability: " + ", ".join(
+            f"{b['q'][0]:.1f}-{b['q'][1]:.1f} {b['rate']:.2f}" for b in rep["calibration"]))
+    return "\n".join(lines)
 
 
 def _bench(args) -> None:

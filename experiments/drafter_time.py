@@ -19,6 +19,12 @@ restored), and again after reading 800 MB (the caches flushed), medians over all
 drafter pays for its working set coming back from memory after each verification.
 
     python experiments/drafter_time.py --config experiments/configs/eagle2-cpu.yaml --in-loop 8
+
+``--split N``: where a ``propose`` inside real decoding of N chat prompts spends its time (medians
+per step): the catch-up (the head over the newly accepted pairs), the head's forwards of the tree
+levels, the draft LM head (with its top-k), and the rest (building the tree and its masks in Python).
+
+    python experiments/drafter_time.py --config experiments/configs/eagle2-cpu.yaml --split 8
 """
 from __future__ import annotations
 
@@ -130,6 +136,59 @@ def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 
     return out
 
 
+def split_times(model, tok, config, prompts: list[str], max_new_tokens: int = 128) -> dict[str, list[float]]:
+    """ms per step of each part of ``propose`` during real decoding of ``prompts`` (see the module
+    docstring): ``catch_up``, ``levels`` (head forwards), ``lm_head`` (draft logits), ``rest``."""
+    from eagle.decoder import TreeDecoder
+    from eagle.prompts import encode_chat
+
+    dec = TreeDecoder.from_config(model, config)
+    d = dec.drafter
+    acc = {"catch_up": 0.0, "levels": 0.0, "lm_head": 0.0}
+    out: dict[str, list[float]] = {k: [] for k in ("propose", "catch_up", "levels", "lm_head", "rest")}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            acc[name] += time.perf_counter() - t0
+            return r
+        return wrapper
+
+    real_catch, real_fwd, real_logits, real_propose = d.catch_up, d._forward, d._logits, d.propose
+    inside_catch = [False]
+
+    def catch_up():
+        inside_catch[0] = True
+        try:
+            return timed("catch_up", real_catch)()
+        finally:
+            inside_catch[0] = False
+
+    def forward(*a, **k):
+        return real_fwd(*a, **k) if inside_catch[0] else timed("levels", real_fwd)(*a, **k)
+
+    def propose(root, sampling):
+        for k in acc:
+            acc[k] = 0.0
+        t0 = time.perf_counter()
+        tree = real_propose(root, sampling)
+        total = time.perf_counter() - t0
+        out["propose"].append(1000 * total)
+        for k, v in acc.items():
+            out[k].append(1000 * v)
+        out["rest"].append(1000 * (total - sum(acc.values())))
+        return tree
+
+    d.catch_up, d._forward, d._logits, d.propose = catch_up, forward, timed("lm_head", real_logits), propose
+    dec.generate(encode_chat(tok, prompts[0]), 16)  # warm-up (measurements, copies, compiling)
+    for v in out.values():
+        v.clear()
+    for p in prompts:
+        dec.generate(encode_chat(tok, p), max_new_tokens)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="an eagle decoding config")
@@ -139,6 +198,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--compiled-levels", action="store_true", help="also time each dtype with compiled tree levels")
     ap.add_argument("--in-loop", type=int, metavar="N", help="instead: propose inside decoding of N chat prompts")
+    ap.add_argument("--split", type=int, metavar="N", help="instead: where propose spends its time, over N chat prompts")
     args = ap.parse_args(argv)
 
     from eagle.config import load_config
@@ -147,15 +207,29 @@ def main(argv=None) -> None:
     config = load_config(args.config)
     if config.drafter.type != "eagle":
         raise SystemExit(f"{args.config}: drafter.type must be 'eagle'")
-    if args.in_loop is not None and args.in_loop < 1:
-        raise SystemExit("--in-loop takes a positive number of prompts")
+    for flag in ("in_loop", "split"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} takes a positive number of prompts")
     model, tok = load_target()
-    if args.in_loop:
+    if args.in_loop or args.split:
         import json
         from pathlib import Path
 
         path = Path(__file__).with_name("prompts") / "chat-small.jsonl"
-        prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()][: args.in_loop]
+        prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()][: args.in_loop or args.split]
+    if args.split:
+        times = split_times(model, tok, config, prompts)
+        print(f"{config.name}, {torch.get_num_threads()} threads, {len(prompts)} prompts, {len(times['propose'])} steps "
+              f"(medians per step; the parts' medians need not add up to the whole's)")
+        print("| part of propose | ms |")
+        print("|---|---:|")
+        for key, label in (("propose", "the whole propose"), ("catch_up", "catch-up: the head over the accepted pairs"),
+                           ("levels", "the head's forwards of the tree levels"),
+                           ("lm_head", "the draft LM head of every level (+ log-softmax input)"),
+                           ("rest", "the rest: top-k, the tree and its masks (Python)")):
+            print(f"| {label} | {statistics.median(times[key]):.2f} |")
+        return
+    if args.in_loop:
         times = in_loop_times(model, tok, config, prompts)
         print(f"{config.name}, {torch.get_num_threads()} threads, {len(prompts)} prompts, {len(times['repeated'])} steps")
         print("| propose | ms (median) |")

@@ -71,7 +71,39 @@ def render(result: dict, json_path: str, baseline: str) -> str:
                          f"{r['step_cost']:.2f}x | {r['identical']}/{r['turns']} |")
         lines.append("")
     del base
+    lines += ["## Where a step's time goes (pooled)", "",
+              "Per target forward, ms: drafting, the verification forward (with the greedy argmax), the rest; "
+              "the trees verified (mean nodes, root included).", "",
+              "| config | draft ms | verify ms | other ms | step ms | nodes |", "|---|---:|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        ms = r["step_ms"]
+        lines.append(f"| {name} | {ms['draft']:.1f} | {ms['verify']:.1f} | {ms['bookkeeping']:.1f} | "
+                     f"{sum(ms.values()):.1f} | {r['mean_tree_nodes']:.1f} |")
+    lines.append("")
+    acc = Path(json_path).with_name("specbench_acceptance.json")
+    if acc.is_file():
+        lines += _acceptance(json.loads(acc.read_text()))
     return "\n".join(lines)
+
+
+def _acceptance(a: dict) -> list[str]:
+    """The table of experiments/specbench_acceptance.py, when its JSON is beside the bench's."""
+    heads = [h.rstrip("/").split("/")[-1] for h in a["heads"]]
+    configs = [k for k in next(iter(a["subtasks"].values())) if k not in heads and k != "turns"]
+    out = ["## Why acceptance falls per subtask", "",
+           "On the target's own greedy answers of this run (`python experiments/specbench_acceptance.py`): each "
+           "head's top-1 at depth 1 with teacher forcing (the target's features of the true prefix), the share of "
+           "answer tokens outside its draft vocabulary (never draftable), and each config's tau and acceptance per "
+           "depth (the share of steps whose tree reached depth d that accepted a token there).", "",
+           "| subtask | " + " | ".join(f"{h} top-1 | {h} outside vocab" for h in heads) + " | "
+           + " | ".join(f"{c} tau | {c} per depth" for c in configs) + " |",
+           "|---|" + "---:|" * (2 * len(heads) + 2 * len(configs))]
+    for cat, row in a["subtasks"].items():
+        cells = [f"{row[h]['top1_depth1']:.2f} | {100 * row[h]['oov']:.1f}%" for h in heads]
+        cells += [f"{row[c]['tau']:.2f} | " + " ".join(f"{x:.2f}" for x in row[c]["per_depth_acceptance"][:4])
+                  for c in configs]
+        out.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def main(argv=None) -> int:

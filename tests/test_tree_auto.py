@@ -43,10 +43,18 @@ def test_step_costs_buckets_and_optimism_about_unmeasured_levels():
     assert c.level_s(1) == 0.003
 
 
+def test_verify_costs_follow_the_steps_in_every_bucket():
+    c = StepCosts([1, 4, 8])
+    c.set_verify({1: 0.010, 4: 0.011, 8: 0.015})
+    assert [c.verify_s(n) for n in (1, 3, 8)] == pytest.approx([0.010, 0.011, 0.015])
+    for _ in range(40):  # the machine got 2x slower: the 4-node steps show it, the 8-node estimate follows
+        c.add_verify(4, 0.022)
+    assert c.verify_s(8) == pytest.approx(0.030) and c.verify_s(1) == pytest.approx(0.020)
+
+
 def _policy(verify: dict, level: float = 0.002, overhead: float = 0.001, max_nodes: int = 16) -> AutoTreePolicy:
     p = AutoTreePolicy(sorted(verify), max_nodes)
-    for b, s in verify.items():
-        p.costs.verify[b].reset([s])
+    p.costs.set_verify(verify)
     for _ in range(5):
         p.costs.add_levels([level] * 6)
     p.costs.overhead.reset([overhead])
@@ -154,7 +162,7 @@ def test_self_drafter_auto_is_lossless_and_keeps_its_policy_across_generations(l
         assert sum(out.stats.depth_hist) == out.stats.target_forwards == sum(out.stats.nodes_hist)
     # the oracle drafter is always right: the calibration learns it and the trees grow deep
     assert out.stats.tau > 2.5 and policy.calibration.child(0) > 0.8
-    assert set(policy.costs.verify) == {1, 4, 8} and all(m.value > 0 for m in policy.costs.verify.values())
+    assert set(policy.costs.shape) == {1, 4, 8} and all(policy.costs.verify_s(b) > 0 for b in (1, 4, 8))
     assert policy.report()["costs"]["verify_ms"][8] > 0
 
 
@@ -194,3 +202,15 @@ def test_sampling_over_auto_trees_keeps_the_target_distribution():
     p1, joint = exact_first_and_joint()
     assert expected_tv_noise(joint, N) < 0.004
     assert tv(f, p1) < 0.01 and tv(j, joint) < 0.01, (tv(f, p1), tv(j, joint))
+
+
+def test_generate_verbose_shows_the_chosen_trees_and_the_policy(tiny_target, tmp_path, capsys):
+    from conftest import run_cli
+
+    (tmp_path / "self-auto.yaml").write_text("drafter: {type: self}\ntree: {shape: auto, depth: 3, top_k: 2, "
+                                             "total_tokens: 6}\n")
+    code, out, err = run_cli(["generate", "--prompt", "Hi there", "--max-new-tokens", "12", "--target", tiny_target,
+                              "--config", str(tmp_path / "self-auto.yaml"), "-v"], capsys)
+    assert code == 0, err
+    assert "tree depth (levels drafted): steps" in out and "tree nodes (root included):  steps" in out
+    assert "auto tree policy: verify ms per bucket 1: " in out and "acceptance by draft probability: 0.0-0.1" in out

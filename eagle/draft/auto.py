@@ -10,9 +10,11 @@ Objective: expected tokens per second of the step about to run,
   nodes of that confidence band whose parent was accepted (:class:`Calibration`). Siblings exclude
   each other and a node needs its parent, so 1 + the sum of the values is the expected number of
   tokens a step emits;
-* ``verify(b)``: the measured seconds of a verification forward of a ``b``-node bucket
-  (eagle/costs.py, once per cache capacity, on the decoder's own cache; then refined by what the
-  steps take); ``draft(levels)``: the measured seconds of each drafted level; ``overhead``: the rest
+* ``verify(b) = scale * shape(b)``: ``shape(b)``, a ``b``-node bucket's verification forward relative
+  to the others, measured with the buckets interleaved (eagle/costs.py, once per cache capacity, on
+  the decoder's own cache); ``scale``, the seconds of the steps that actually ran, each divided by its
+  bucket's ``shape`` (so every bucket's estimate follows what the steps take now, also the buckets the
+  policy seldom picks); ``draft(levels)``: the measured seconds of each drafted level; ``overhead``: the rest
   of a step (the drafter's catch-up, bookkeeping), measured.
 
 Growing: level by level like EAGLE-2 (the ``top_k`` most valuable frontier nodes expanded with
@@ -121,14 +123,15 @@ class _Recent:
 
 class StepCosts:
     """Seconds of the parts of a step on this machine and backend: a verification forward per
-    bucket (measured at start, then the median of the recent steps that ran it), each drafted level,
-    and the rest of a step (medians of recent steps)."""
+    bucket (its relative cost measured at start, times the scale the recent steps show), each drafted
+    level, and the rest of a step (medians of recent steps)."""
 
     SURE = 3
 
     def __init__(self, buckets: list[int]):
         self.buckets = list(buckets)
-        self.verify: dict[int, _Recent] = {b: _Recent() for b in self.buckets}
+        self.shape: dict[int, float] = {b: 1.0 for b in self.buckets}  # bucket -> relative verify cost
+        self.scale = _Recent(window=31)  # seconds per unit of shape, from measurements and steps
         self.levels: list[_Recent] = []
         self.overhead = _Recent()
 
@@ -136,9 +139,18 @@ class StepCosts:
         return next((b for b in self.buckets if b >= n), self.buckets[-1])
 
     def verify_s(self, n: int) -> float:
-        """Seconds to verify ``n`` nodes (root included): their bucket's measurement."""
-        v = self.verify[self.bucket(n)].value
-        return 0.0 if v is None else v
+        """Seconds to verify ``n`` nodes (root included): their bucket's relative cost x the scale."""
+        return (self.scale.value or 0.0) * self.shape[self.bucket(n)]
+
+    def set_verify(self, seconds: dict[int, float]) -> None:
+        """A measurement of every bucket (interleaved): their relative costs, and the scale."""
+        first = seconds[self.buckets[0]]
+        self.shape = {b: seconds[b] / first for b in self.buckets}
+        self.scale.reset([first])
+
+    def add_verify(self, n: int, seconds: float) -> None:
+        """A step verified ``n`` nodes in ``seconds``."""
+        self.scale.add(seconds / self.shape[self.bucket(n)])
 
     def level_s(self, d: int) -> float:
         """Seconds of drafted level ``d`` (0-based). A level with fewer than ``SURE`` measurements
@@ -162,7 +174,7 @@ class StepCosts:
 
     def as_dict(self) -> dict:
         ms = lambda m: None if m.value is None else 1000 * m.value  # noqa: E731
-        return {"verify_ms": {b: ms(m) for b, m in self.verify.items()}, "level_ms": [ms(m) for m in self.levels],
+        return {"verify_ms": {b: 1000 * self.verify_s(b) for b in self.buckets}, "level_ms": [ms(m) for m in self.levels],
                 "overhead_ms": ms(self.overhead)}
 
 
@@ -184,7 +196,7 @@ class AutoTreePolicy:
 
     EXPLORE = 32  # every EXPLORE-th step drafts one level past where the policy would stop
 
-    def __init__(self, buckets: list[int], max_nodes: int, repeats: int = 3):
+    def __init__(self, buckets: list[int], max_nodes: int, repeats: int = 5):
         self.buckets = [b for b in buckets if b <= max_nodes] or [max_nodes]
         if self.buckets[-1] < max_nodes:  # trees past the last bucket run at their own size
             self.buckets.append(max_nodes)
@@ -206,13 +218,12 @@ class AutoTreePolicy:
         from ..costs import verify_costs
 
         costs, _ = verify_costs(target, cache, self.buckets, self.repeats, layers)
-        for b, s in costs.items():
-            self.costs.verify[b].reset([s])  # the newest measurement replaces what the steps saw
+        self.costs.set_verify(costs)
         self.measured.add(key)
 
     def observe(self, tree: Tree, path: list[int], draft_s: float, verify_s: float, other_s: float) -> None:
         """One finished step: its verified ``tree``, the accepted ``path`` and its timings."""
-        self.costs.verify[self.costs.bucket(len(tree))].add(verify_s)
+        self.costs.add_verify(len(tree), verify_s)
         if self.last is None or len(self.last.q) != len(tree):  # a step the grower did not make
             return
         self.costs.overhead.add(max(draft_s - self.last.levels_s, 0.0) + other_s)
