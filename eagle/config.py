@@ -38,6 +38,7 @@ class DrafterConfig:
     min_ngram: int = 1
     branches: int = 1  # ngram: distinct continuations kept as tree branches
     dtype: str = ""  # eagle: run the head in this precision (float32 | bfloat16 | float16 | auto); "" = the target's
+    prompt_vocab: bool = False  # eagle (EAGLE-1/2 head): the prompt's tokens join the draft vocabulary per generation
 
 
 @dataclass
@@ -68,6 +69,9 @@ class DecodeConfig:
         if self.drafter.dtype == "auto" and self.drafter.type == "medusa":
             raise ConfigError("drafter.dtype 'auto' applies to the eagle and eagle3 drafters only; "
                               "give medusa a precision (float32 | bfloat16 | float16)")
+        if self.drafter.prompt_vocab and self.drafter.type != "eagle":
+            raise ConfigError(f"drafter.prompt_vocab applies to the eagle drafter (an EAGLE-1/2 head), not "
+                              f"'{self.drafter.type}'")
         if self.drafter.type in ("eagle", "eagle3") and not self.drafter.head:
             raise ConfigError(f"drafter.type '{self.drafter.type}' needs drafter.head (a head checkpoint folder)")
         if self.drafter.type == "medusa" and not self.drafter.head:

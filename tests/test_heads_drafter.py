@@ -348,3 +348,44 @@ def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
     assert isinstance(drafter, EagleDrafter) and drafter.dtype == torch.float32
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
     assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens
+
+
+# ------------------------------------------------------------------------------------------------
+# drafter.prompt_vocab: the prompt's tokens join an EAGLE-1/2 head's draft vocabulary
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["dynamic", "auto", "chain"])
+def test_prompt_vocab_drafts_the_prompts_tokens_and_stays_lossless(shape):
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    dv = torch.tensor(sorted(random.Random(9).sample(range(V), 48)))
+    head = random_head(model, seed=3, draft_vocab=dv)
+    dr = EagleDrafter(target, head, SHAPES[shape], prompt_vocab=True)
+    prompt = torch.randint(0, V, (30,), generator=torch.Generator().manual_seed(7))
+    outside = sorted(set(prompt.tolist()) - set(dv.tolist()))
+    assert outside  # the test needs prompt tokens outside the draft vocabulary
+    out = TreeDecoder(target, dr).generate(prompt, N_NEW)
+    assert out.tokens == plain_greedy("llama", prompt)
+    # after reset: the draft ids map to the head's vocabulary, then to the prompt's other tokens
+    assert dr.d2t[:48].tolist() == dv.tolist() and sorted(dr.d2t[48:].tolist()) == outside
+    x = torch.randn(3, model.config.hidden_size)
+    logits = dr._logits(x)  # (3, 48 + E): the extra columns are the target's own LM head rows
+    assert logits.shape == (3, 48 + len(outside))
+    ref = head.pre_logits(x) @ model.lm_head.weight[dr.d2t].T
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    # a new prompt: the extra tokens are that prompt's
+    dr.reset(torch.tensor([int(dv[0])]))
+    assert dr.d2t.tolist() == dv.tolist() and dr.extra_w is None
+
+
+def test_prompt_vocab_needs_an_eagle12_head_with_a_draft_vocabulary(tmp_path):
+    from eagle.config import ConfigError, load_config
+
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    with pytest.raises(ValueError, match="prompt_vocab needs an EAGLE-1/2 head with a reduced draft vocabulary"):
+        EagleDrafter(target, random_head(model), SHAPES["chain"], prompt_vocab=True)  # full vocabulary already
+    (tmp_path / "c.yaml").write_text("drafter: {type: eagle3, head: h, prompt_vocab: true}\n")
+    with pytest.raises(ConfigError, match="drafter.prompt_vocab applies to the eagle drafter"):
+        load_config(tmp_path / "c.yaml")

@@ -34,7 +34,7 @@ def build_drafter(config, target) -> Drafter:
             dtype = fastest_dtype(target, head, rows=config.tree.top_k)
         else:
             dtype = getattr(torch, d.dtype) if d.dtype else None
-        return EagleDrafter(target, head, config.tree, sample=d.sample, dtype=dtype)
+        return EagleDrafter(target, head, config.tree, sample=d.sample, dtype=dtype, prompt_vocab=d.prompt_vocab)
     if d.type == "medusa":
         from ..heads.medusa import MedusaDrafter, load_medusa
 

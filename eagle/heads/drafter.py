@@ -88,7 +88,11 @@ class EagleDrafter(Drafter):
     hundreds are not representable exactly in bfloat16)."""
 
     def __init__(self, target: Target, head: DraftHead, shape: TreeShape, sample: bool = False,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, prompt_vocab: bool = False):
+        if prompt_vocab and (head.feature_layers or head.vocab_map is None):
+            raise ValueError("drafter.prompt_vocab needs an EAGLE-1/2 head with a reduced draft vocabulary (it "
+                             "drafts through the target's LM head rows; an EAGLE-3 head has its own LM head)")
+        self.prompt_vocab = prompt_vocab
         given = head
         self.dtype = dtype or head.fc.weight.dtype
         if self.dtype != head.fc.weight.dtype:
@@ -120,6 +124,8 @@ class EagleDrafter(Drafter):
         self.vocab = target.lm_head.weight.shape[0]
         vmap = head.vocab_map
         self.d2t = None if vmap is None else vmap.to(target.device)
+        self.base_d2t = self.d2t
+        self.extra_w = None  # prompt_vocab: the target LM head rows of the prompt's tokens outside Vd
         # compile the tree levels with the target's steps on GPU (CUDA graphs); on the CPU compiled
         # levels drafted no faster than eager ones (19.6 against 17.9 ms a step for eagle2-cpu on the
         # AMD EPYC Zen 3, docs/results.md) and cost 7-8 s to compile each
@@ -129,6 +135,11 @@ class EagleDrafter(Drafter):
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
+        if self.prompt_vocab:  # answers copy their prompt (summaries, RAG): its tokens become draftable
+            ids = prompt_ids.to(self.base_d2t.device).unique()
+            extra = ids[~torch.isin(ids, self.base_d2t)]  # (E,) target ids outside the draft vocabulary
+            self.extra_w = self.target.lm_head.weight[extra].detach().to(self.dtype) if len(extra) else None
+            self.d2t = torch.cat([self.base_d2t, extra])  # (Vd + E,) draft id -> target id
         self.cache = SlotCache(1, 256)  # grows (rarely) when a generation needs more room
         self.pending_f: list[torch.Tensor] = []
         self.pending_x: list[torch.Tensor] = []
@@ -209,8 +220,13 @@ class EagleDrafter(Drafter):
         return first_call
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids)."""
-        return project(self.head.pre_logits(feats), self.lm_w).float()
+        """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids);
+        with ``prompt_vocab``, ``(n, Vd + E)``: the prompt's E other tokens after them."""
+        x = self.head.pre_logits(feats)
+        logits = project(x, self.lm_w).float()
+        if self.extra_w is None:
+            return logits
+        return torch.cat([logits, torch.nn.functional.linear(x, self.extra_w).float()], dim=-1)
 
     def catch_up(self) -> torch.Tensor:
         """Run the pending committed pairs through the head; returns the last predicted feature."""
