@@ -56,6 +56,7 @@ specbench: setup
 	$(BIN)/eagle bench --prompts $(SPEC_BENCH) --per-category $(SPEC_PER_CATEGORY) --max-new-tokens 128 \
 		$(foreach c,$(SPEC_CONFIGS),--config experiments/configs/$(c).yaml) \
 		--json experiments/results/specbench.json
+	$(BIN)/python experiments/specbench_acceptance.py
 	$(BIN)/python experiments/specbench_report.py
 
 # the pages rendered from committed results (no model runs)

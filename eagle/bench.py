@@ -13,17 +13,31 @@ from tqdm import tqdm
 
 from .config import DecodeConfig
 from .decoder import DecodeStats, TreeDecoder
-from .io import write_json
+from .io import save_figure, write_json
 from .prompts import Question, encode_conversation
 
 __all__ = ["run_bench", "format_table", "format_categories", "format_compile", "device_name", "write_json", "as_questions",
            "plot_categories"]
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The GPU's name, or the CPU's model (family and model numbers, the AVX-512 / AMX flags that
+    decide the CPU backend's choices) and the threads used."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    what = platform.processor() or platform.machine()
+    try:
+        info = {}
+        for line in open(cpuinfo).read().split("\n\n")[0].splitlines():
+            key, _, value = line.partition(":")
+            info[key.strip()] = value.strip()
+        flags = set(info.get("flags", "").split())
+        isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags] or [f for f in ("avx2", "fma") if f in flags]
+        what = (f"{info.get('model name', what)}, family {info.get('cpu family', '?')} model {info.get('model', '?')}"
+                + (f", {' '.join(isa)}" if isa else ""))
+    except OSError:
+        pass
+    return f"cpu ({what}, {torch.get_num_threads()} threads)"
 
 
 @dataclass
@@ -417,22 +431,20 @@ def plot_categories(result: dict, path: str | Path) -> Path | None:
     groups = cats + ["pooled"]
     runs = result["runs"]
     width = 0.8 / len(runs)
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(groups)), 8), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(groups)) + 2.5, 8), sharex=True)
+    colors = plt.get_cmap("tab20").colors  # one color per config (tab10 repeats past ten)
     for ax, key, label in ((axes[0], "tau", "tau (tokens per target forward)"),
                            (axes[1], "speedup", "speedup vs plain decoding")):
         for j, r in enumerate(runs):
             vals = [r["categories"][c][key] for c in cats] + [_pooled_row(r["config"], r)[key]]
-            ax.bar([g + (j - (len(runs) - 1) / 2) * width for g in range(len(groups))], vals, width, label=r["config"])
+            ax.bar([g + (j - (len(runs) - 1) / 2) * width for g in range(len(groups))], vals, width, label=r["config"],
+                   color=colors[j % len(colors)])
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[1].axhline(1.0, color="black", linewidth=0.8)
     axes[1].set_xticks(range(len(groups)), groups)
-    axes[0].legend(fontsize=7, ncol=3)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[0].set_title(f"{result['target']} on {result['device']}: {result['max_new_tokens']} new tokens a turn, "
                       f"temperature {result['temperature']}", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["replace_dir", "existing_dir", "write_json", "check_safetensors"]
+__all__ = ["replace_dir", "existing_dir", "write_json", "save_figure", "check_safetensors"]
 
 
 def write_json(obj, path: str | Path, indent: int = 2) -> None:
@@ -17,6 +17,17 @@ def write_json(obj, path: str | Path, indent: int = 2) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=indent))
     os.replace(tmp, path)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as ``path`` (its folder created if needed) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def check_safetensors(path: str | Path, error: type[Exception]) -> None:

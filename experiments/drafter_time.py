@@ -102,12 +102,23 @@ def propose_times(model, tok, config, prompt: str, step: int, repeats: int,
     return _timed(once, repeats), trees, sum(getattr(d, "compile_s", {}).values())
 
 
+def _decode_measured(dec, tok, prompts: list[str], max_new_tokens: int, out: dict) -> dict:
+    """Decode ``prompts`` with ``dec`` after a short warm-up whose measurements in ``out`` are dropped."""
+    from eagle.prompts import encode_chat
+
+    dec.generate(encode_chat(tok, prompts[0]), 16)  # warm-up (measurements, copies, compiling)
+    for v in out.values():
+        v.clear()
+    for p in prompts:
+        dec.generate(encode_chat(tok, p), max_new_tokens)
+    return out
+
+
 def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 128) -> dict[str, list[float]]:
     """ms per ``propose`` during real decoding of ``prompts``: ``after_verify`` (as decoding runs it),
     ``repeated`` (the same call again at once, the drafter state restored) and ``after_flush`` (again,
     after an 800 MB read). Every call drafts the same tree; the last one's is used."""
     from eagle.decoder import TreeDecoder
-    from eagle.prompts import encode_chat
 
     dec = TreeDecoder.from_config(model, config)
     d = dec.drafter
@@ -128,19 +139,13 @@ def in_loop_times(model, tok, config, prompts: list[str], max_new_tokens: int = 
         return trees[-1]
 
     d.propose = measured
-    dec.generate(encode_chat(tok, prompts[0]), 16)  # warm-up (measurements, copies, compiling)
-    for v in out.values():
-        v.clear()
-    for p in prompts:
-        dec.generate(encode_chat(tok, p), max_new_tokens)
-    return out
+    return _decode_measured(dec, tok, prompts, max_new_tokens, out)
 
 
 def split_times(model, tok, config, prompts: list[str], max_new_tokens: int = 128) -> dict[str, list[float]]:
     """ms per step of each part of ``propose`` during real decoding of ``prompts`` (see the module
     docstring): ``catch_up``, ``levels`` (head forwards), ``lm_head`` (draft logits), ``rest``."""
     from eagle.decoder import TreeDecoder
-    from eagle.prompts import encode_chat
 
     dec = TreeDecoder.from_config(model, config)
     d = dec.drafter
@@ -181,12 +186,7 @@ def split_times(model, tok, config, prompts: list[str], max_new_tokens: int = 12
         return tree
 
     d.catch_up, d._forward, d._logits, d.propose = catch_up, forward, timed("lm_head", real_logits), propose
-    dec.generate(encode_chat(tok, prompts[0]), 16)  # warm-up (measurements, copies, compiling)
-    for v in out.values():
-        v.clear()
-    for p in prompts:
-        dec.generate(encode_chat(tok, p), max_new_tokens)
-    return out
+    return _decode_measured(dec, tok, prompts, max_new_tokens, out)
 
 
 def main(argv=None) -> None:

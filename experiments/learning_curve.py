@@ -334,6 +334,8 @@ def plot(state: dict, path: str | Path, depths: int = 3) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from eagle.io import save_figure
+
     heads = list(dict.fromkeys(r["head"] for r in rows))
     colors = {h: f"C{i}" for i, h in enumerate(heads)}
     styles = ["-", "--", ":", "-."]
@@ -361,11 +363,7 @@ def plot(state: dict, path: str | Path, depths: int = 3) -> Path | None:
     ax2.set_ylabel("draft top-1 (fixed held-out set)")
     ax2.set_title("top-1 per draft depth")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def reading(state: dict) -> list[str]:

@@ -113,16 +113,9 @@ def main(argv=None) -> int:
         out["subtasks"][cat] = row
         print(f"{cat}: done", file=sys.stderr)
     Path(args.json).write_text(json.dumps(out, indent=1))
-    names = [Path(h).name for h in heads]
-    lines = ["| subtask | " + " | ".join(f"{n} top-1 (d1) | {n} outside draft vocab" for n in names)
-             + " | " + " | ".join(f"{c} tau | {c} acceptance per depth" for c in configs) + " |",
-             "|---|" + "---:|" * (2 * len(names) + 2 * len(configs))]
-    for cat, row in out["subtasks"].items():
-        cells = [f"{row[n]['top1_depth1']:.2f} | {100 * row[n]['oov']:.1f}%" for n in names]
-        cells += [f"{row[c]['tau']:.2f} | " + " ".join(f"{a:.2f}" for a in row[c]["per_depth_acceptance"][:4])
-                  for c in configs]
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    print("\n".join(lines))
+    from specbench_report import acceptance_table  # the same table docs/specbench.md shows
+
+    print("\n".join(acceptance_table(out)))
     print(f"wrote {args.json}")
     return 0
 

@@ -51,6 +51,15 @@ def render(result: dict, json_path: str, baseline: str) -> str:
         lines += [f"({result['resumed_runs']} runs were resumed from an interrupted process: their times come "
                   "from it.)", ""]
     lines += ["![tau and speedup per subtask](../experiments/results/specbench.png)", ""]
+    # the fastest config per subtask among those identical to plain decoding on every turn of the subset
+    best = []
+    lossless = {n: r for n, r in runs.items() if r["identical_to_plain"] == r.get("turns", r["prompts"])}
+    for cat in cats:
+        ok = {n: r["categories"][cat] for n, r in lossless.items()}
+        name = max(ok, key=lambda n: ok[n]["tokens_per_s"])
+        best.append(f"{cat} {name} ({ok[name]['tokens_per_s'] / runs[baseline]['categories'][cat]['tokens_per_s']:.2f}x)")
+    lines += ["Fastest config per subtask among those identical to plain decoding on every turn (against "
+              f"{baseline}): " + "; ".join(best) + ".", ""]
     for cat in cats + ["pooled"]:
         if cat == "pooled":
             rows = {name: _pooled(r) for name, r in runs.items()}
@@ -82,11 +91,11 @@ def render(result: dict, json_path: str, baseline: str) -> str:
     lines.append("")
     acc = Path(json_path).with_name("specbench_acceptance.json")
     if acc.is_file():
-        lines += _acceptance(json.loads(acc.read_text()))
+        lines += acceptance_table(json.loads(acc.read_text()))
     return "\n".join(lines)
 
 
-def _acceptance(a: dict) -> list[str]:
+def acceptance_table(a: dict) -> list[str]:
     """The table of experiments/specbench_acceptance.py, when its JSON is beside the bench's."""
     heads = [h.rstrip("/").split("/")[-1] for h in a["heads"]]
     configs = [k for k in next(iter(a["subtasks"].values())) if k not in heads and k != "turns"]

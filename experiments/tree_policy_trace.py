@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    fig, ax = plt.subplots(figsize=(9, 4))
     x = range(len(steps))
     ax.step(x, [s["nodes"] for s in steps], where="mid", label="nodes verified", lw=1)
     ax.step(x, [s["depth"] for s in steps], where="mid", label="levels drafted", lw=1)
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                 fontsize=7)
     ax.set_xlabel("step")
     ax.set_title(f"{cfg.name}: tree chosen each step ({args.max_new_tokens} new tokens a prompt, greedy)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)

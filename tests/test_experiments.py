@@ -280,3 +280,42 @@ def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
 
     g = ab._fresh_forward(f)
     assert g(4) == f(4) == 11 and g(1, y=5, z=0) == 5 and g.__code__ is not f.__code__
+
+
+def test_specbench_page_is_rendered_from_the_committed_json(tmp_path):
+    """`make results` renders docs/specbench.md from experiments/results/specbench.json (and the
+    acceptance JSON beside it) without a model: on a clean checkout it changes nothing."""
+    rep = _script("specbench_report")
+    out = tmp_path / "specbench.md"
+    assert rep.main(["--out", str(out)]) == 0
+    text = out.read_text()
+    assert text == (ROOT / "docs/specbench.md").read_text()
+    for section in ("## mt_bench", "## summarization", "## rag", "## pooled", "## Where a step's time goes",
+                    "## Why acceptance falls per subtask"):
+        assert section in text
+    assert "| eagle2-auto |" in text and "| plain-compiled | 1.00 |" in text
+    assert rep.main(["--json", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+
+
+def test_specbench_report_refuses_a_missing_baseline(tmp_path):
+    rep = _script("specbench_report")
+    with pytest.raises(SystemExit, match="has no run named 'nope'"):
+        rep.main(["--baseline", "nope", "--out", str(tmp_path / "x.md")])
+
+
+def test_tree_policy_trace_runs_on_a_tiny_target(tiny_target, tmp_path):
+    import json
+
+    (tmp_path / "self-auto.yaml").write_text("drafter: {type: self}\ntree: {shape: auto, depth: 3, top_k: 2, "
+                                             "total_tokens: 6}\n")
+    rows = [{"category": "writing", "turns": ["Write a line."]}, {"category": "rag", "turns": ["Answer this."]}]
+    (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    trace = _script("tree_policy_trace")
+    assert trace.main(["--config", str(tmp_path / "self-auto.yaml"), "--prompts", str(tmp_path / "q.jsonl"),
+                       "--subtasks", "mt_bench,rag", "--max-new-tokens", "8", "--target", tiny_target,
+                       "--out", str(tmp_path / "trace")]) == 0
+    t = json.loads((tmp_path / "trace.json").read_text())
+    assert [r["subtask"] for r in t["runs"]] == ["mt_bench", "rag"] and t["runs"][-1]["steps"][1] == len(t["steps"])
+    assert all(1 <= s["nodes"] <= 7 for s in t["steps"]) and (tmp_path / "trace.png").is_file()
+    assert trace.main(["--config", str(ROOT / "experiments/configs/eagle2-cpu.yaml"), "--prompts",
+                       str(tmp_path / "q.jsonl")]) == 2  # not an auto tree

@@ -164,3 +164,18 @@ def test_spec_bench_file_loads_with_its_six_subtasks():
     assert len(sub) == 8 * 2 + 5 * 2 and sub[0].question_id == "81"
     mt = load_questions(MT_BENCH)
     assert [q.turns for q in mt] == [q.turns for q in qs[:80]]  # MT-bench: Spec-Bench's first 80 rows
+
+
+def test_sweep_reads_question_files_per_category(tiny_target, tmp_path, capsys):
+    from eagle.cli import main
+
+    prompts = _write(tmp_path / "q.jsonl", ROWS)
+    out = tmp_path / "sw"
+    args = ["sweep", "--base", NGRAM, "--grid", "tree.depth=1,2", "--prompts", prompts, "--per-category", "1",
+            "--max-new-tokens", "6", "--target", tiny_target, "--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    r = json.loads((out / "results.json").read_text())
+    assert r["settings"]["per_category"] == 1
+    for c in r["cells"]:
+        assert c["prompts"] == 4 and c["turns"] == 6 and c["identical_to_plain"] == 6
+        assert list(c["categories"]) == ["mt_bench", "summarization", "rag"]
