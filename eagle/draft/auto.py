@@ -234,12 +234,15 @@ class AutoTreePolicy:
     def best_count(self, values: torch.Tensor, levels: int) -> tuple[int, float]:
         """``(n, rate)``: how many of the nodes with ``values`` (sorted descending) to verify after
         ``levels`` drafted levels, and the expected tokens per second of that step."""
-        gain = torch.cat([torch.zeros(1, dtype=torch.float64), values.cumsum(0)])  # (N + 1,) n = 0..N
+        N = min(len(values), self.max_nodes - 1)
+        gain = [0.0] + values[:N].cumsum(0).tolist()  # [n] = expected accepted tokens of the n best
         fixed = (self.costs.overhead.value or 0.0) + self.costs.draft_s(levels)
         best, best_rate = 0, 0.0
-        for n in range(min(len(values), self.max_nodes - 1) + 1):  # within a bucket the largest n wins
+        # a bucket costs the same for any n in it and values are positive: only the largest n of each
+        # bucket can be best
+        for n in sorted({0} | {min(b - 1, N) for b in self.costs.buckets}):
             t = fixed + self.costs.verify_s(n + 1)
-            rate = (1 + float(gain[n])) / t if t > 0 else 1 + float(gain[n])
+            rate = (1 + gain[n]) / t if t > 0 else 1 + gain[n]
             if rate > best_rate:
                 best, best_rate = n, rate
         return best, best_rate
