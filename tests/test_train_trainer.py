@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from eagle.heads import DraftHead, load_head
 from eagle.train.data import ShardDataset, load_manifest
+from eagle.train.common import read_state
 from eagle.train.trainer import TrainConfig, head_loss, train
 
 from conftest import (N_SEQ, PROMPT_LEN, TINY_HIDDEN, TINY_VOCAB, exported, features, make_data, make_tiny_train_model,
@@ -175,7 +176,7 @@ def test_resume_after_interrupt_is_exact(offline, model, run_a, capsys):
         train(cfg, model=model, progress=False, on_step=interrupt)
     assert seen == [1, 2, 3, 4, 5]
     assert not Path(cfg.export).exists()
-    state = torch.load(Path(cfg.out_dir) / "checkpoint" / "state.pt", weights_only=False)
+    state = read_state(Path(cfg.out_dir) / "checkpoint")
     assert state["step"] == 4
 
     seen.clear()
@@ -208,7 +209,7 @@ def test_checkpoints_are_atomic(run_a):
     cfg, _ = run_a
     out = Path(cfg.out_dir)
     ckpt = out / "checkpoint"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["head.safetensors", "state.pt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["head.safetensors", "optimizer.safetensors", "state.json"]
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint"]  # no ckpt.tmp* / checkpoint.old left
     export = Path(cfg.export)
     assert sorted(p.name for p in export.parent.iterdir()) == sorted(["run", export.name])
@@ -216,8 +217,8 @@ def test_checkpoints_are_atomic(run_a):
     leftovers = [p for p in Path(cfg.out_dir).parent.rglob("*") if ".tmp" in p.name or p.name.endswith(".old")]
     assert not leftovers, leftovers
     # the last checkpoint holds the final weights (the export drops only the draft_vocab buffer)
-    state = torch.load(ckpt / "state.pt", weights_only=False)
-    assert state["step"] == 8 and "optimizer" in state
+    state = read_state(ckpt)
+    assert state["step"] == 8 and state["optimizer"]["state"] and state["optimizer"]["param_groups"]
     ck = load_file(str(ckpt / "head.safetensors"))
     ex = exported(cfg)
     assert set(ex) <= set(ck)
@@ -244,7 +245,7 @@ def test_stale_old_folders_do_not_break_saving(offline, model):
     seen = []
     summary = train(cfg, model=model, progress=False, on_step=seen.append)
     assert seen == [3, 4, 5, 6] and summary["steps"] == 6  # from the step-2 checkpoint
-    assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 6
+    assert read_state(out / "checkpoint")["step"] == 6
     load_head(export, model)
 
 
@@ -438,3 +439,33 @@ def test_bf16_loss_keeps_the_target_exact_and_close(model):
     assert seen[3].dtype == torch.float32 and not torch.equal(seen[1], seen[3])
     assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)
 
+
+
+def test_resume_reads_no_pickle_and_refuses_an_old_state_pt(offline, model, monkeypatch):
+    """Training state is safetensors + JSON: resuming never unpickles, and a folder holding an old
+    (or foreign) pickled ``state.pt`` is refused with one line naming it."""
+    root, data, prompts = offline
+    cfg = train_config(root, data, prompts, "no-pickle", max_steps=2)
+    train(cfg, model=model, progress=False)
+    ckpt = Path(cfg.out_dir) / "checkpoint"
+    import json
+
+    meta = json.loads((ckpt / "state.json").read_text())
+    assert meta["step"] == 2 and meta["optimizer"]["param_groups"]
+
+    def no_unpickling(*a, **k):
+        raise AssertionError("resume called torch.load")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    seen = []
+    train(cfg, model=model, progress=False, on_step=seen.append)  # resumes at step 2: nothing left
+    assert seen == []
+    state = read_state(ckpt)
+    assert state["step"] == 2 and all(torch.is_tensor(v) for s in state["optimizer"]["state"].values()
+                                      for v in s.values() if not isinstance(v, (int, float)))
+    monkeypatch.undo()
+    for name in ("state.json", "optimizer.safetensors"):
+        (ckpt / name).unlink()
+    torch.save({"step": 2}, ckpt / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.pt is a checkpoint in the old pickled format"):
+        train(cfg, model=model, progress=False)

@@ -20,7 +20,8 @@ from ..config import DTYPES, ConfigError, from_dict, read_yaml
 from ..io import existing_dir, replace_dir
 
 __all__ = ["check_optimization", "step_precision", "full_precision", "load_yaml_config", "causal_mask", "Run",
-           "cosine_lr", "heldout_split", "batch_order", "RESUMABLE_CHANGES", "load_resume_state", "save_checkpoint"]
+           "cosine_lr", "heldout_split", "batch_order", "RESUMABLE_CHANGES", "load_resume_state", "save_checkpoint",
+           "read_state", "write_state"]
 
 
 def check_optimization(cfg, positive: tuple[str, ...]) -> None:
@@ -142,22 +143,76 @@ def batch_order(n: int, batch: int, seed: int, epoch: int, lengths: list[int] | 
 RESUMABLE_CHANGES = ("eval_every", "checkpoint_every", "export", "export_dtype", "out_dir")
 
 
+STATE_JSON = "state.json"  # step, settings, the optimizer's hyperparameters and per-parameter numbers
+OPTIMIZER = "optimizer.safetensors"  # the optimizer's per-parameter tensors ("<param id>.<name>")
+
+
+def read_state(folder: Path) -> dict:
+    """``{"optimizer", "step", "config"}`` of a checkpoint folder: tensors from safetensors, the rest
+    from JSON; nothing is unpickled. A folder holding only an old pickled ``state.pt`` is refused."""
+    import json
+
+    if not (folder / STATE_JSON).exists():
+        if (folder / "state.pt").exists():
+            raise ValueError(f"{folder / 'state.pt'} is a checkpoint in the old pickled format, which resume no "
+                             "longer loads (unpickling runs code): delete that folder to start over")
+        raise ValueError(f"{folder} holds no {STATE_JSON}: not a training checkpoint")
+    try:
+        meta = json.loads((folder / STATE_JSON).read_text())
+        tensors = load_file(str(folder / OPTIMIZER))
+        per_param = {int(pid): dict(values) for pid, values in meta["optimizer"]["state"].items()}
+        for key, t in tensors.items():
+            pid, name = key.split(".", 1)
+            per_param.setdefault(int(pid), {})[name] = t
+        optimizer = {"state": per_param, "param_groups": meta["optimizer"]["param_groups"]}
+        return {"optimizer": optimizer, "step": int(meta["step"]), "config": meta["config"]}
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"the checkpoint in {folder} cannot be read ({e}): delete that folder to start over") from None
+
+
+def write_state(folder: Path, opt, step: int, cfg) -> None:
+    """The optimizer state, the step and the settings as safetensors + JSON (see :func:`read_state`)."""
+    import json
+
+    sd = opt.state_dict()
+    tensors, numbers = {}, {}
+    for pid, values in sd["state"].items():
+        numbers[str(pid)] = {}
+        for name, v in values.items():
+            if torch.is_tensor(v):
+                tensors[f"{pid}.{name}"] = v.detach().cpu().contiguous()
+            else:
+                numbers[str(pid)][name] = v
+    save_file(tensors, str(folder / OPTIMIZER))
+    meta = {"format": 1, "step": step, "config": asdict(cfg),
+            "optimizer": {"param_groups": sd["param_groups"], "state": numbers}}
+    (folder / STATE_JSON).write_text(json.dumps(meta, indent=1, default=str))
+
+
 def load_resume_state(folder: Path, cfg, weights: str = "head.safetensors") -> tuple[dict, dict] | None:
     """``(weights, state)`` of the checkpoint in ``folder`` (None when there is none).
 
     Raises ValueError when the checkpoint was written by a run with other settings (other data, draft
-    vocabulary, schedule...): silently continuing it would mix two runs."""
+    vocabulary, schedule...): silently continuing it would mix two runs; or when it is an old pickled
+    ``state.pt`` (refused: unpickling runs code)."""
     found = existing_dir(folder)
-    if found is None or not (found / "state.pt").exists():
+    if found is None or not ((found / STATE_JSON).exists() or (found / "state.pt").exists()):
         return None
-    state = torch.load(found / "state.pt", weights_only=False)
+    state = read_state(found)
     saved, now = state.get("config", {}), asdict(cfg)
     diff = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now
-            if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]]
+            if k not in RESUMABLE_CHANGES and k in saved and saved[k] != _jsonable(now[k])]
     if diff:
         raise ValueError(f"the checkpoint in {found} (step {state['step']}) was written with other settings ("
                          + "; ".join(diff) + "): set another out_dir, or delete that folder to start over")
     return load_file(str(found / weights)), state
+
+
+def _jsonable(value):
+    """``value`` as it reads back from JSON (tuples become lists), to compare settings."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))
 
 
 def save_checkpoint(folder: Path, state: dict, opt, step: int, cfg, weights: str = "head.safetensors") -> None:
@@ -165,5 +220,5 @@ def save_checkpoint(folder: Path, state: dict, opt, step: int, cfg, weights: str
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ckpt.tmp", dir=folder.parent))
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / weights))
-    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg)}, tmp / "state.pt")
+    write_state(tmp, opt, step, cfg)
     replace_dir(tmp, folder)
