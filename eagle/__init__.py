@@ -25,6 +25,7 @@ _EXPORTS = {
     "probs_from_logits": "verify",
     "DraftHead": "heads", "load_head": "heads", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
     "RuntimeConfig": "runtime", "SlotCache": "kv",
+    "Drafter": "draft.base", "Sampling": "draft.base", "TreeShape": "draft.shape", "ConfigError": "config",
 }
 __all__ = list(_EXPORTS)
 

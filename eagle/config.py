@@ -13,7 +13,8 @@ from .fallback import FallbackConfig
 from .models import EMBEDDED
 from .runtime import DTYPES, RuntimeConfig
 
-__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml", "resolve_path"]
+__all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml",
+           "resolve_path", "as_config", "SHIPPED_CONFIGS"]
 
 DRAFTERS = ("none", "self", "ngram", "eagle", "eagle3", "model", "medusa")
 ATTENTION = ("auto", "triton", "reference")
@@ -177,3 +178,29 @@ def config_from_dict(data, path: str | Path, where: str = "") -> DecodeConfig:
     except ConfigError as e:
         raise ConfigError(f"{path}{where}: {e}") from None
     return cfg
+
+
+# the shipped decoding configs (a source checkout's experiments/configs), usable by name ("eagle2-cpu")
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+
+
+def as_config(config) -> DecodeConfig:
+    """A :class:`DecodeConfig` from a DecodeConfig, a mapping (relative head paths resolve from the
+    working directory, then from the shipped configs' folder), a YAML file's path, or the name of a
+    shipped config (``"eagle2-cpu"``: ``experiments/configs/eagle2-cpu.yaml``)."""
+    if isinstance(config, DecodeConfig):
+        return config
+    if isinstance(config, dict):
+        return config_from_dict(dict(config), SHIPPED_CONFIGS / "config.yaml")
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.suffix in (".yaml", ".yml") or path.is_file():
+            return load_config(path)
+        preset = SHIPPED_CONFIGS / f"{config}.yaml"
+        if preset.is_file():
+            return load_config(preset)
+        names = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml")) if SHIPPED_CONFIGS.is_dir() else []
+        raise ConfigError(f"'{config}' is neither a config file nor a shipped config"
+                          + (f" (shipped: {', '.join(names)})" if names else ""))
+    raise ConfigError(f"a decoding config is a DecodeConfig, a mapping, a YAML path or a shipped config's name, "
+                      f"not {type(config).__name__}")

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from .config import as_config
 from .draft import build_drafter
 from .draft.auto import AutoTreePolicy
 from .draft.base import Drafter, NoDrafter, Sampling
@@ -152,9 +153,11 @@ class TreeDecoder:
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
-        """Build the decoder and its drafter from a :class:`eagle.config.DecodeConfig`. The target's
-        buckets are cut at the drafter's largest tree (:meth:`eagle.runtime.RuntimeConfig.fitted`;
-        16-bit steps at a multiple of 16 rows)."""
+        """Build the decoder and its drafter from a config: a :class:`eagle.config.DecodeConfig`, a
+        mapping, a YAML path or a shipped config's name (``"eagle2-cpu"``; :func:`eagle.config.as_config`).
+        The target's buckets are cut at the drafter's largest tree
+        (:meth:`eagle.runtime.RuntimeConfig.fitted`; 16-bit steps at a multiple of 16 rows)."""
+        config = as_config(config)
         target = model
         if not isinstance(model, Target):
             dtype = getattr(torch, config.runtime.dtype) if config.runtime.dtype else model.get_output_embeddings().weight.dtype

@@ -219,3 +219,26 @@ def test_sampled_drafts_need_a_static_shape():
     with pytest.raises(ConfigError, match="sample"):
         cfg.validate()
     from_dict(DecodeConfig, {"drafter": {"type": "self", "sample": True}, "tree": {"shape": "chain", "depth": 2}}).validate()
+
+
+def test_from_config_takes_a_config_a_mapping_a_path_or_a_shipped_name(llama, tmp_path):
+    import eagle
+    from eagle.config import ConfigError, as_config
+
+    model, _ = llama
+    shipped = eagle.load_config(Path(__file__).resolve().parents[1] / "experiments/configs/ngram.yaml")
+    by_name = as_config("ngram")
+    assert by_name == shipped and by_name.name == "ngram"
+    (tmp_path / "mine.yaml").write_text("drafter: {type: ngram, max_ngram: 2}\n")
+    assert as_config(str(tmp_path / "mine.yaml")).drafter.max_ngram == 2
+    assert as_config({"drafter": {"type": "ngram"}, "tree": {"depth": 2}}).tree.depth == 2
+    with pytest.raises(ConfigError, match="'no-such-preset' is neither a config file nor a shipped config"):
+        as_config("no-such-preset")
+    with pytest.raises(ConfigError, match="unknown key 'drafter.nope'"):
+        as_config({"drafter": {"nope": 1}})
+    with pytest.raises(ConfigError, match="not int"):
+        as_config(3)
+    for cfg in ("ngram", {"drafter": {"type": "ngram"}}, by_name):
+        dec = eagle.TreeDecoder.from_config(model, cfg)
+        assert dec.drafter.__class__.__name__ == "NgramDrafter"
+    assert eagle.Drafter and eagle.Sampling and eagle.TreeShape and eagle.ConfigError
