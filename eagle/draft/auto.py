@@ -39,7 +39,7 @@ import torch
 
 from ..tree import Tree
 from .base import Sampling
-from .grow import Expand, _to_target, select_dynamic
+from .grow import Expand, add_level, select_dynamic
 
 __all__ = ["Calibration", "StepCosts", "AutoTreePolicy", "grow_auto"]
 
@@ -272,13 +272,9 @@ class AutoTreePolicy:
         for d in range(depth):
             t0 = time.perf_counter()
             logits = expand(Tree(tokens, parents), frontier.tolist())  # (F, V)
-            top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (F, k)
-            logq = top.values.cpu()
-            levels.append(time.perf_counter() - t0)
             n0 = len(tokens)
-            tokens = torch.cat([tokens, _to_target(top.indices, vocab_map).flatten().cpu()])
-            parents = torch.cat([parents, frontier.repeat_interleave(logq.shape[1])])
-            scores = torch.cat([scores, (scores[frontier][:, None] + logq).flatten()])
+            tokens, parents, scores, logq = add_level(tokens, parents, scores, frontier, logits, top_k, vocab_map)
+            levels.append(time.perf_counter() - t0)
             q = torch.cat([q, logq.exp().flatten()])
             new_value = (value[frontier][:, None] * self.calibration.rate(logq.exp())).flatten()  # (F * k,)
             value = torch.cat([value, new_value])
@@ -307,6 +303,6 @@ def grow_auto(root: int, depth: int, top_k: int, expand: Expand, sampling: Sampl
     """``TreeShape.grow`` for ``shape: auto`` (``sampling`` is not needed: children are the
     draft's top-k, verified as deterministic proposals)."""
     if policy is None:
-        raise ValueError("tree.shape 'auto' needs the decoder's AutoTreePolicy (build the decoder with "
-                         "TreeDecoder.from_config)")
+        raise ValueError("tree.shape 'auto' needs the decoder's AutoTreePolicy (a TreeDecoder attaches one "
+                         "to its drafter)")
     return policy.grow(root, depth, top_k, expand, vocab_map)

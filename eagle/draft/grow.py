@@ -13,7 +13,7 @@ from ..tree import Tree, choices_to_parents
 from ..verify import probs_from_logits
 from .base import Sampling
 
-__all__ = ["grow_static", "grow_dynamic", "select_dynamic", "Expand"]
+__all__ = ["grow_static", "grow_dynamic", "select_dynamic", "add_level", "Expand"]
 
 Expand = Callable[[Tree, list[int]], torch.Tensor]
 
@@ -127,6 +127,19 @@ def select_dynamic(scores: torch.Tensor, parents: torch.Tensor, total: int) -> t
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
+def add_level(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, frontier: torch.Tensor,
+              logits: torch.Tensor, top_k: int, vocab_map: torch.Tensor | None = None):
+    """One level of a top-k tree: each frontier node's ``top_k`` best children by draft log-prob
+    (``logits (F, V')``), appended parent-major to the pool ``tokens``, ``parents`` and ``scores``
+    (cumulative draft log-prob). Returns the grown pool and the children's edge log-probs ``(F, k)``."""
+    top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (F, k)
+    logq = top.values.cpu()
+    tokens = torch.cat([tokens, _to_target(top.indices, vocab_map).flatten().cpu()])
+    parents = torch.cat([parents, frontier.repeat_interleave(logq.shape[1])])
+    scores = torch.cat([scores, (scores[frontier][:, None] + logq).flatten()])
+    return tokens, parents, scores, logq
+
+
 def grow_dynamic(root: int, depth: int, top_k: int, total_tokens: int, expand: Expand,
                  sampling: Sampling, vocab_map: torch.Tensor | None = None) -> Tree:
     """EAGLE-2 dynamic tree: expand the ``top_k`` best frontier nodes (by cumulative draft
@@ -138,12 +151,8 @@ def grow_dynamic(root: int, depth: int, top_k: int, total_tokens: int, expand: E
     frontier = torch.tensor([0], dtype=torch.long)  # (F,)
     for d in range(depth):
         logits = expand(Tree(tokens, parents), frontier.tolist())  # (F, V)
-        top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (F, k)
         n0 = len(tokens)
-        cand = (scores[frontier][:, None] + top.values.cpu()).flatten()  # (F * k,) parent-major
-        tokens = torch.cat([tokens, _to_target(top.indices, vocab_map).flatten().cpu()])
-        parents = torch.cat([parents, frontier.repeat_interleave(top.values.shape[1])])
-        scores = torch.cat([scores, cand])
+        tokens, parents, scores, _ = add_level(tokens, parents, scores, frontier, logits, top_k, vocab_map)
         if d + 1 < depth:  # best top_k by score, ties towards the earlier node; kept in pool order
-            frontier = (n0 + torch.sort(-cand, stable=True).indices[:top_k]).sort().values
+            frontier = (n0 + torch.sort(-scores[n0:], stable=True).indices[:top_k]).sort().values
     return Tree(tokens, parents, None, scores).select(select_dynamic(scores, parents, total_tokens))
