@@ -272,7 +272,7 @@ def _bench(args) -> None:
     from .config import ConfigError, load_config
     from .models import load_target
     from .prompts import load_questions
-    from .sweep import config_fingerprint, load_state, sweep_settings
+    from .sweep import forget_changed, load_state, sweep_settings
 
     configs = [load_config(c) for c in args.config]  # validate everything before loading a model
     names = [c.name for c in configs]
@@ -290,11 +290,7 @@ def _bench(args) -> None:
     except ConfigError:  # other prompts, budget or target: those runs cannot be reused
         print(f"bench: {state_path} holds runs with other settings; starting over", file=sys.stderr)
         state = {"settings": settings, "records": {}, "configs": {}}
-    for cfg in configs:  # a config changed since the records were made runs again
-        fp = config_fingerprint(cfg)
-        if state["configs"].get(cfg.name) not in (None, fp):
-            state["records"].pop(cfg.name, None)
-        state["configs"][cfg.name] = fp
+    forget_changed(state["records"], state["configs"], configs)  # a config changed since then runs again
     if resumed := sum(map(len, state["records"].values())):
         print(f"bench: resuming from {state_path} ({resumed} runs done earlier)", file=sys.stderr)
 

@@ -25,7 +25,7 @@ import yaml
 from .config import ConfigError, DecodeConfig, config_from_dict, from_dict, read_yaml, resolve_path
 from .io import write_json
 
-__all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "config_fingerprint", "load_state", "run_sweep",
+__all__ = ["Axis", "SweepSpec", "Cell", "parse_axis", "is_ablation_file", "load_ablation", "expand", "check_plot_keys", "sweep_settings", "config_fingerprint", "forget_changed", "load_state", "run_sweep",
            "write_outputs", "format_table"]
 
 TEMPERATURE = "temperature"  # the bench's sampling temperature, not a config key
@@ -275,6 +275,16 @@ def config_fingerprint(config: DecodeConfig) -> str:
     return _fingerprint(dataclasses.asdict(config))
 
 
+def forget_changed(records: dict, seen: dict, configs) -> None:
+    """Drop the ``records`` of every config whose settings changed since ``seen`` (name ->
+    fingerprint) was written, so it runs again; ``seen`` is updated to the configs now."""
+    for cfg in configs:
+        fp = config_fingerprint(cfg)
+        if seen.get(cfg.name) not in (None, fp):
+            records.pop(cfg.name, None)
+        seen[cfg.name] = fp
+
+
 def load_state(out: str | Path, settings: dict) -> dict:
     """The records of an earlier run of the same sweep in folder ``out`` (its ``state.json``; or a
     path ending in ``.json``: that file) or a fresh state; a state with other settings is an error."""
@@ -316,11 +326,7 @@ def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Pat
         key = str(t)
         recs = state["records"].setdefault(key, {})
         seen = state["configs"].setdefault(key, {})
-        for c in group:  # a cell whose config changed since the last run starts over
-            fp = config_fingerprint(c.config)
-            if seen.get(c.name) not in (None, fp):
-                recs.pop(c.name, None)
-            seen[c.name] = fp
+        forget_changed(recs, seen, [c.config for c in group])  # a cell whose config changed starts over
         n_done = sum(len(recs.get(c.name, {})) >= len(prompts) for c in group)
         if n_done:
             log(f"sweep: temperature {t}: {n_done} of {len(group)} cells already done in {out}, skipped")
