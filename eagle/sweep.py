@@ -356,13 +356,15 @@ CSV_FIELDS = ["cell", "temperature", "tau", "alpha", "tokens_per_s", "speedup", 
 def format_table(summary: dict, axes: list[str]) -> str:
     """Markdown: the baselines per temperature, then one row per cell."""
     s = summary["settings"]
-    lines = [f"target `{s['target']}`, {s.get('prompt_file', '')} ({s.get('limit') or 'all'} prompts), "
+    subset = (f"first {s['per_category']} rows per category, " if s.get("per_category") else "") + f"{s.get('limit') or 'all'} prompts"
+    lines = [f"target `{s['target']}`, {s.get('prompt_file', '')} ({subset}), "
              f"{s['max_new_tokens']} new tokens, top_p {s['top_p']}", ""]
     for t, b in summary["baselines"].items():
         lines.append(f"- temperature {t}: plain {b['tokens_per_s']:.2f} tok/s, transformers generate "
                      f"{b['hf_tokens_per_s']:.2f} tok/s (speedup: against the faster of the two)")
     cols = [a for a in axes if a != ROOT]
-    same = (lambda c: f"{c['identical_to_plain']}/{c['prompts']}" if c["temperature"] == 0 else "n/a")  # noqa: E731
+    # identical turns out of all turns (a Spec-Bench question has one or two)
+    same = (lambda c: f"{c['identical_to_plain']}/{c.get('turns', c['prompts'])}" if c["temperature"] == 0 else "n/a")  # noqa: E731
     lines += ["", "| cell | " + " | ".join(cols) + (" | " if cols else "")
               + "tau | alpha | tok/s | speedup | identical | nodes/step | draft ms | verify ms | other ms |",
               "|---|" + "---|" * len(cols) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -179,3 +179,5 @@ def test_sweep_reads_question_files_per_category(tiny_target, tmp_path, capsys):
     for c in r["cells"]:
         assert c["prompts"] == 4 and c["turns"] == 6 and c["identical_to_plain"] == 6
         assert list(c["categories"]) == ["mt_bench", "summarization", "rag"]
+    table = (out / "table.md").read_text()
+    assert "(first 1 rows per category, all prompts)" in table and "| 6/6 |" in table  # identical turns of all turns
