@@ -2,7 +2,8 @@
 `make specbench` run (read from its records, no decoding here):
 
 * ``oov``: the share of answer tokens outside each head's draft vocabulary (such a token can never
-  be drafted, at any depth);
+  be drafted, at any depth), and ``oov_prompt``: outside it and the prompt's tokens too (what
+  ``drafter.prompt_vocab`` leaves undraftable);
 * ``top1``: the head's top-1 at depth 1 with teacher forcing: the target's features of the true
   prefix, one head forward over the whole answer (the pairs the drafter's catch-up runs), top-1 of
   the draft LM head against the token that follows;
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @torch.no_grad()
 def head_top1(target, head_dir: str, sequences: list[tuple[torch.Tensor, int]]) -> tuple[float, float, int]:
-    """``(top-1 at depth 1, share of answer tokens outside the draft vocabulary, answer tokens)``
-    over ``sequences`` of ``(ids, prompt length)``."""
+    """``(top-1 at depth 1, share of answer tokens outside the draft vocabulary, share outside it and
+    the prompt's tokens, answer tokens)`` over ``sequences`` of ``(ids, prompt length)``."""
     from eagle.heads import load_head
     from eagle.heads.drafter import EagleDrafter
     from eagle.draft.shape import TreeShape
@@ -41,7 +42,7 @@ def head_top1(target, head_dir: str, sequences: list[tuple[torch.Tensor, int]]) 
     if vmap is not None:
         inside = torch.zeros(target.lm_head.weight.shape[0], dtype=torch.bool)
         inside[vmap] = True
-    hits = total = oov = 0
+    hits = total = oov = oov_prompt = 0
     for ids, plen in sequences:
         cache = target.new_cache(len(ids) + 8)
         out = target.prefill(ids, cache, dr.feature_layers)
@@ -59,8 +60,10 @@ def head_top1(target, head_dir: str, sequences: list[tuple[torch.Tensor, int]]) 
         hits += int((draft[rows] == ids[rows + 2]).sum())
         total += len(rows)
         if inside is not None:
-            oov += int((~inside[ids[plen:]]).sum())
-    return hits / max(total, 1), oov / max(total, 1), total
+            outside = ~inside[ids[plen:]]  # (answer,)
+            oov += int(outside.sum())
+            oov_prompt += int((outside & ~torch.isin(ids[plen:], ids[:plen])).sum())
+    return hits / max(total, 1), oov / max(total, 1), oov_prompt / max(total, 1), total
 
 
 def main(argv=None) -> int:
@@ -103,8 +106,8 @@ def main(argv=None) -> int:
             seqs.append((torch.cat([ids, torch.tensor(plain[i]["tokens"], dtype=torch.long)]), len(ids)))
         row = {"turns": len(items)}
         for h in heads:
-            top1, oov, n = head_top1(target, h, seqs)
-            row[Path(h).name] = {"top1_depth1": top1, "oov": oov, "answer_tokens": n}
+            top1, oov, oov_prompt, n = head_top1(target, h, seqs)
+            row[Path(h).name] = {"top1_depth1": top1, "oov": oov, "oov_prompt": oov_prompt, "answer_tokens": n}
         for c in configs:
             st = DecodeStats()
             for i in items:

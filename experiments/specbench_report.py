@@ -92,7 +92,27 @@ def render(result: dict, json_path: str, baseline: str) -> str:
     acc = Path(json_path).with_name("specbench_acceptance.json")
     if acc.is_file():
         lines += acceptance_table(json.loads(acc.read_text()))
+    pv = Path(json_path).with_name("specbench_prompt_vocab") / "results.json"
+    if pv.is_file():
+        lines += prompt_vocab_table(json.loads(pv.read_text()))
     return "\n".join(lines)
+
+
+def prompt_vocab_table(sweep: dict) -> list[str]:
+    """eagle2-cpu with and without ``drafter.prompt_vocab`` on the same subset (one `eagle sweep`)."""
+    cells = sweep["cells"]
+    cats = list(cells[0]["categories"])
+    out = ["## The prompt's tokens in the draft vocabulary", "",
+           "eagle2-cpu with `drafter.prompt_vocab` off and on (the prompt's tokens outside the head's draft "
+           "vocabulary drafted through the target's LM-head rows), one sweep on the same subset; tau per "
+           "subtask and pooled, tok/s pooled against the faster plain decoder of the run:", "",
+           "```", sweep.get("command", ""), "```", "",
+           "| prompt_vocab | " + " | ".join(f"{c} tau" for c in cats) + " | pooled tau | speedup | identical |",
+           "|---|" + "---:|" * (len(cats) + 3)]
+    for c in cells:
+        out.append(f"| {c['grid']['drafter.prompt_vocab']} | " + " | ".join(f"{c['categories'][k]['tau']:.2f}" for k in cats)
+                   + f" | {c['tau']:.2f} | {c['speedup']:.2f}x | {c['identical_to_plain']}/{c.get('turns', c['prompts'])} |")
+    return out + [""]
 
 
 def acceptance_table(a: dict) -> list[str]:
@@ -102,13 +122,15 @@ def acceptance_table(a: dict) -> list[str]:
     out = ["## Why acceptance falls per subtask", "",
            "On the target's own greedy answers of this run (`python experiments/specbench_acceptance.py`): each "
            "head's top-1 at depth 1 with teacher forcing (the target's features of the true prefix), the share of "
-           "answer tokens outside its draft vocabulary (never draftable), and each config's tau and acceptance per "
+           "answer tokens outside its draft vocabulary (never draftable) and outside it and the prompt's tokens "
+           "(what `drafter.prompt_vocab: true` leaves undraftable), and each config's tau and acceptance per "
            "depth (the share of steps whose tree reached depth d that accepted a token there).", "",
-           "| subtask | " + " | ".join(f"{h} top-1 | {h} outside vocab" for h in heads) + " | "
+           "| subtask | " + " | ".join(f"{h} top-1 | {h} outside vocab | + prompt" for h in heads) + " | "
            + " | ".join(f"{c} tau | {c} per depth" for c in configs) + " |",
-           "|---|" + "---:|" * (2 * len(heads) + 2 * len(configs))]
+           "|---|" + "---:|" * (3 * len(heads) + 2 * len(configs))]
     for cat, row in a["subtasks"].items():
-        cells = [f"{row[h]['top1_depth1']:.2f} | {100 * row[h]['oov']:.1f}%" for h in heads]
+        cells = [f"{row[h]['top1_depth1']:.2f} | {100 * row[h]['oov']:.1f}% | {100 * row[h]['oov_prompt']:.1f}%"
+                 for h in heads]
         cells += [f"{row[c]['tau']:.2f} | " + " ".join(f"{x:.2f}" for x in row[c]["per_depth_acceptance"][:4])
                   for c in configs]
         out.append(f"| {cat} | " + " | ".join(cells) + " |")
