@@ -15,7 +15,7 @@ from eagle import Target, TreeDecoder
 from eagle.config import ConfigError, config_from_dict
 from eagle.draft.base import Sampling
 from eagle.draft.shape import TreeShape
-from eagle.heads.eagle import HeadError, HeadMismatchError, HeadNotFoundError
+from eagle.heads import HeadError, HeadMismatchError, HeadNotFoundError
 from eagle.heads.medusa import (MedusaConfig, MedusaDrafter, MedusaHeads, check_medusa, load_medusa,
                                 read_medusa_config, save_medusa)
 from eagle.tree import choices_to_parents

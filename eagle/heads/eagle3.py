@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .eagle import _layer_config
+from .common import layer_config
 
 __all__ = ["Eagle3Head", "Eagle3Layer", "default_feature_layers", "vocab_maps"]
 
@@ -76,7 +76,7 @@ class Eagle3Head(nn.Module):
 
     def __init__(self, target_config, layer_cls, rotary_cls, draft_ids: torch.Tensor, feature_layers):
         super().__init__()
-        cfg = _layer_config(target_config)
+        cfg = layer_config(target_config)
         H = cfg.hidden_size
         self.layer_config = cfg
         self.feature_layers = tuple(int(i) for i in feature_layers)

@@ -1,4 +1,5 @@
-"""Head checkpoint layouts: ours, the official EAGLE-1/2 and EAGLE-3 ones and vLLM's; detection, import, export.
+"""EAGLE head checkpoints: ours, the official EAGLE-1/2 and EAGLE-3 layouts and vLLM's; save, read, check,
+load (any layout), export.
 
 An EAGLE-1/2 head (``fc(cat[embed, feature])`` with bias, then one Llama decoder layer without its
 input norm) and an EAGLE-3 head (``fc`` over three fused target layers without bias, ``midlayer``
@@ -7,7 +8,7 @@ with ``d2t`` / ``t2d``) are each held in several folder layouts; docs/interop.md
 mapping and the sources:
 
 * ``native``: our folder (``config.json`` = :class:`HeadConfig`, ``model.safetensors``), written by
-  :func:`eagle.heads.save_head`: ``fc.*`` + ``layer.*`` (EAGLE-1/2), or the official EAGLE-3 names
+  :func:`save_head`: ``fc.*`` + ``layer.*`` (EAGLE-1/2), or the official EAGLE-3 names
   with ``"type": "eagle3"`` and ``"feature_layers"``;
 * ``eagle``: what SafeAILab/EAGLE publishes for EAGLE-1/2 (``eagle/model/cnets1.py`` reads it): the
   ``config.json`` of a one-layer ``LlamaForCausalLM`` and ``fc.*`` + ``layers.0.*`` (optionally
@@ -27,10 +28,11 @@ mapping and the sources:
   layers in ``eagle_aux_hidden_state_layer_ids`` (the hidden state *entering* each layer, like our
   ``feature_layers``; vLLM's default is the official one when the key is absent).
 
-:func:`detect_layout` tells them apart from the files; :func:`load_layout` loads a non-native
-folder onto a target (``eagle.load_head`` dispatches to it); :func:`export_head` writes a head (a
-folder of any layout, or a loaded head) in a foreign layout: ``--format eagle|vllm`` for EAGLE-1/2
-heads, ``--format eagle3|vllm`` for EAGLE-3 heads.
+:func:`load_head` / :func:`check_head` take a folder of any layout: :func:`detect_layout` tells
+them apart from the files, :func:`read_head_config` reads ours and :func:`load_layout` /
+:func:`check_layout` the others. :func:`export_head` writes a head (a folder of any layout, or a
+loaded head) in a foreign layout: ``--format eagle|vllm`` for EAGLE-1/2 heads, ``--format
+eagle3|vllm`` for EAGLE-3 heads.
 
 A layout is one :class:`Layout` row of :data:`LAYOUTS` (tensor-name renames, architecture name,
 what happens to ``fc.bias``, a config.json builder); its ``kind`` says which head type it holds.
@@ -43,7 +45,7 @@ import os
 import pickle
 import re
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -53,11 +55,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..io import check_safetensors, replace_dir
-from .eagle import DraftHead, HeadConfig, HeadError, HeadMismatchError, check_tensor_shapes, read_head_config
+from .common import HeadConfig, HeadError, HeadMismatchError, check_tensor_shapes, read_checked_state, read_config_json
+from .eagle import DraftHead
 from .eagle3 import Eagle3Head, default_feature_layers
 
-__all__ = ["Layout", "LayerSpec", "LAYOUTS", "EXPORT_FORMATS", "LLAMA_LAYER_TARGETS", "detect_layout",
-           "load_layout", "check_layout", "export_head", "eagle3_for_target"]
+__all__ = ["save_head", "read_head_config", "check_head", "load_head", "HEAD_KINDS", "Layout", "LayerSpec", "LAYOUTS",
+           "EXPORT_FORMATS", "LLAMA_LAYER_TARGETS", "detect_layout", "load_layout", "check_layout", "export_head",
+           "eagle3_for_target"]
 
 # model types whose decoder layer is exactly a Llama layer (Qwen2: plus q/k/v biases); the official
 # and vLLM EAGLE heads are Llama layers, so only these targets' heads convert without loss
@@ -71,6 +75,124 @@ FORMAT_LAYOUT = {("eagle", "eagle"): "eagle", ("vllm", "eagle"): "vllm",
 _OFFICIAL_ROPE = ("linear", "dynamic")  # rope_scaling types cnets(1).LlamaAttention._init_rope knows
 OFFICIAL_EAGLE3_ARCH = "LlamaForCausalLMEagle3"  # SafeAILab's published EAGLE-3 configs; SGLang's EntryClass
 VLLM_EAGLE3_ARCH = "Eagle3LlamaForCausalLM"  # vLLM's registry: llama_eagle3.Eagle3LlamaForCausalLM
+
+
+# ---- our own layout (native); loading and checking a folder of any layout ---------------------------
+
+
+def save_head(head: nn.Module, folder: str | Path, config: HeadConfig, dtype: torch.dtype | None = None) -> None:
+    """Write ``model.safetensors`` + ``config.json`` atomically into ``folder`` (floating-point
+    weights cast to ``dtype`` when given, e.g. float16 to halve a shipped checkpoint; loading casts
+    back; integer and bool buffers such as EAGLE-3's ``d2t`` / ``t2d`` keep their type)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
+    state = {k: v.detach().cpu().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+             for k, v in head.state_dict().items() if k != "draft_vocab" and not k.startswith("rotary.")}
+    save_file(state, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(config.to_json())
+    replace_dir(tmp, folder)
+
+
+_HEAD_FILES = "config.json + model.safetensors"
+HEAD_KINDS = ("eagle", "eagle3")
+
+
+def _looks_like(folder: Path, raw: dict) -> str:
+    """What a folder given as a head seems to be instead, as a hint ('' when unclear)."""
+    if (folder / "draft.json").is_file():
+        return "; it is a draft model made by `eagle distill`: use it with drafter type 'model'"
+    if "architectures" in raw or "num_hidden_layers" in raw:
+        arch = ", ".join(raw.get("architectures") or []) or raw.get("model_type", "?")
+        return f"; it looks like a causal LM folder ({arch}): use drafter type 'model'"
+    return ""
+
+
+def read_head_config(folder: str | Path) -> HeadConfig:
+    """The checked :class:`HeadConfig` of a head folder, read without loading any weights.
+
+    Raises :class:`HeadNotFoundError` when there is no such folder, and :class:`HeadError` (one line
+    naming the folder or file) for a folder that is not a head: no config.json or model.safetensors,
+    a config.json that is not valid JSON, lacks keys, has unknown keys or values of the wrong type."""
+    folder = Path(folder)
+    raw = read_config_json(folder, "head", "an EAGLE head", _HEAD_FILES)
+    path = folder / "config.json"
+    known = [f.name for f in fields(HeadConfig)]
+    required = [f.name for f in fields(HeadConfig) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise HeadError(f"{folder}: not an EAGLE head (config.json has no {', '.join(map(repr, missing))})"
+                        + _looks_like(folder, raw))
+    unknown = sorted(k for k in raw if k not in known)
+    if unknown:
+        raise HeadError(f"{path}: unknown keys {unknown} (a head config has {known})")
+    for key, typ, what in (("target", str, "a string"), ("model_type", str, "a string"), ("hidden_size", int, "an integer"),
+                           ("vocab_size", int, "an integer"), ("draft_vocab", list, "a list"),
+                           ("target_config", dict, "an object"), ("type", str, "a string"),
+                           ("feature_layers", list, "a list")):
+        if key in raw and (not isinstance(raw[key], typ) or isinstance(raw[key], bool)):
+            raise HeadError(f"{path}: '{key}' must be {what}, got {json.dumps(raw[key])[:60]}")
+    if raw["hidden_size"] < 1 or raw["vocab_size"] < 1:
+        raise HeadError(f"{path}: hidden_size and vocab_size must be >= 1")
+    if raw.get("type", "eagle") not in HEAD_KINDS:
+        raise HeadError(f"{path}: 'type' must be one of {', '.join(HEAD_KINDS)}, got {json.dumps(raw['type'])[:60]}")
+    if raw.get("type") == "eagle3" and not raw.get("feature_layers"):
+        raise HeadError(f"{path}: an eagle3 head needs 'feature_layers' (the target layers it fuses)")
+    if not all(isinstance(i, int) and i >= 0 for i in raw.get("feature_layers", [])):
+        raise HeadError(f"{path}: 'feature_layers' must hold layer indices >= 0")
+    if not all(isinstance(i, int) and 0 <= i < raw["vocab_size"] for i in raw.get("draft_vocab", [])):
+        raise HeadError(f"{path}: 'draft_vocab' must hold token ids in [0, {raw['vocab_size']})")
+    if not (folder / "model.safetensors").is_file():
+        raise HeadError(f"{folder}: no model.safetensors (the head's weights; expected {_HEAD_FILES})")
+    return HeadConfig(**raw)
+
+
+def check_head(folder: str | Path) -> HeadConfig:
+    """:func:`read_head_config` plus a read of the weight file's header (a truncated or corrupt
+    file is found here, before any model is loaded): the cheap check a command runs first. Folders in
+    the official EAGLE-1/2 or EAGLE-3 layout or vLLM's get their own check (:func:`check_layout`)."""
+    if detect_layout(folder) != "native":
+        return check_layout(folder)
+    cfg = read_head_config(folder)
+    check_safetensors(Path(folder) / "model.safetensors", HeadError)
+    return cfg
+
+
+def load_head(folder: str | Path, model) -> DraftHead | Eagle3Head:
+    """Load a head checkpoint onto ``model``.
+
+    Raises :class:`HeadError` for a folder that is not a readable head (see :func:`read_head_config`;
+    also a truncated or corrupt model.safetensors), :class:`HeadMismatchError` for a head trained for
+    another hidden size, vocabulary or architecture. A folder in the official EAGLE-1/2 or EAGLE-3
+    layout (SafeAILab/EAGLE; SGLang's) or vLLM's is recognised from its files and converted on the fly
+    (:func:`load_layout`; docs/interop.md)."""
+    if detect_layout(folder) != "native":
+        return load_layout(folder, model)
+    folder = Path(folder)
+    cfg = read_head_config(folder)
+    tcfg = model.config.get_text_config(decoder=True)
+    state = read_checked_state(f"head {folder}", folder, cfg, model)
+    if cfg.type == "eagle3":
+        bad = [i for i in cfg.feature_layers if i > tcfg.num_hidden_layers]
+        if bad:
+            raise HeadMismatchError(f"head {folder} reads target layers {bad}; the target has {tcfg.num_hidden_layers}")
+        if "d2t" not in state:
+            raise HeadMismatchError(f"head {folder} is an eagle3 head without a 'd2t' tensor")
+        d2t = state["d2t"].long()
+        # an imported head keeps its own layer (e.g. the official heads' RoPE base) in target_config
+        head = eagle3_for_target(model, torch.arange(len(d2t)) + d2t, cfg.feature_layers, cfg.target_config)
+    else:
+        head = DraftHead.for_target(model, torch.tensor(cfg.draft_vocab, dtype=torch.long) if cfg.draft_vocab else None)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape than the target's layer has
+        raise HeadMismatchError(f"head {folder} does not match the target's layer: " + " ".join(str(e).split())) from None
+    missing = [k for k in missing if k != "draft_vocab" and not k.startswith("rotary.")]
+    if missing or unexpected:
+        raise HeadMismatchError(f"head {folder} does not match the target's layer: missing {missing}, "
+                                f"unexpected {unexpected}")
+    head.config = cfg
+    return head.eval()
 
 
 # ---- the layer's hyperparameters, from any of the configs ------------------------------------------

@@ -33,7 +33,7 @@ from ..draft.base import Drafter, Sampling
 from ..draft.shape import TreeShape
 from ..io import check_safetensors, replace_dir
 from ..tree import Tree
-from .eagle import HeadError, check_tensor_shapes, read_checked_state, read_config_json
+from .common import HeadError, check_tensor_shapes, read_checked_state, read_config_json
 
 if TYPE_CHECKING:  # eagle.target imports transformers: not needed to read or check a checkpoint
     from ..target import Target
