@@ -61,6 +61,7 @@ specbench: setup
 
 # the pages rendered from committed results (no model runs)
 results: setup
+	$(BIN)/python experiments/results_report.py
 	$(BIN)/python experiments/specbench_report.py
 
 # docs/ablations.md: every experiments/ablations/*.yaml through `eagle sweep` (resumable: a rerun
