@@ -26,7 +26,7 @@ from ..heads import HeadConfig, save_head
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from ..target import register_attention
 from .data import Sequence
-from .trainer import Recipe, TrainConfig, draft_vocabulary
+from .recipe import Recipe, TrainConfig, draft_vocabulary
 
 __all__ = ["Eagle3Recipe", "Eagle3TTT", "ttt_mask", "ttt_attention", "TTT_ATTENTION"]
 

@@ -22,7 +22,7 @@ import torch
 from ..heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 from .common import full_precision
 from .data import Sequence
-from .trainer import Recipe, draft_vocabulary
+from .recipe import Recipe, draft_vocabulary
 
 __all__ = ["MedusaRecipe", "medusa_batch", "medusa_loss"]
 
