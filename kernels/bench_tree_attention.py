@@ -3,7 +3,7 @@
 GPU mode (default when CUDA is available): a Llama-8B-like layer (Hq/Hkv/D = 32/8/128, bf16) for
 P in {512, 2k, 8k, 32k}, T in {16, 64, 128}, B in {1, 8}; medians from ``triton.testing.do_bench``;
 achieved bandwidth = bytes of Q + K + V + O (+ the packed mask) / time, compared with the device's
-measured copy bandwidth. Writes a markdown table into ``--out`` (default ``docs/kernels.md``,
+measured copy bandwidth. Writes a markdown table into ``--out`` (default ``docs/tree-attention.md``,
 between the ``bench:gpu`` markers, replacing the previous table).
 
 Smoke mode (``--smoke``, or automatically without CUDA): runs the kernel in the Triton interpreter
@@ -11,7 +11,7 @@ on CPU tensors at tiny sizes, checks it against the float64 reference and prints
 ``time.perf_counter`` medians (interpreter timings say nothing about GPU speed). Writes the table
 only when ``--out`` is given (between the ``bench:smoke`` markers).
 
-    python kernels/bench_tree_attention.py --out docs/kernels.md      # on a GPU
+    python kernels/bench_tree_attention.py --out docs/tree-attention.md      # on a GPU
     python kernels/bench_tree_attention.py --smoke                    # anywhere, ~1 minute on CPU
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "docs" / "kernels.md"
+DEFAULT_OUT = REPO / "docs" / "tree-attention.md"
 MARKERS = {
     "gpu": ("<!-- bench:gpu:start -->", "<!-- bench:gpu:end -->"),
     "smoke": ("<!-- bench:smoke:start -->", "<!-- bench:smoke:end -->"),

@@ -20,7 +20,7 @@ Shapes (everything in ``(batch, heads, positions, head_dim)`` layout):
   with ``W = ceil(T / 32)`` in the layout of :func:`eagle.tree.pack_bits`: bit ``b`` of word ``w``
   in row ``i`` is ``mask[i, 32 * w + b]`` (int32 two's complement).
 
-See ``docs/kernels.md`` for the design notes and error bounds.
+See ``docs/tree-attention.md`` for the design notes and error bounds.
 """
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ def use_triton(device: torch.device | str) -> bool:
 
 def _launch_config(T: int, D: int, dtype: torch.dtype, interpret: bool) -> dict:
     """Heuristic tile sizes and launch options; checked for register spills by compiling for
-    sm_90 (see docs/kernels.md) but not timed on a GPU yet, so not tuned."""
+    sm_90 (see docs/tree-attention.md) but not timed on a GPU yet, so not tuned."""
     BLOCK_D = max(16, triton.next_power_of_2(D))
     BLOCK_M = max(16, min(64, triton.next_power_of_2(T)))
     if interpret:  # the interpreter is slow per op: few, modest tiles (tl.dot needs dims >= 16)
