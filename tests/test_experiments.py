@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    """experiments/<name>.py as a module (``name`` may name a subfolder: ``perf/packed_gemm``)."""
+    spec = importlib.util.spec_from_file_location(Path(name).name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -34,11 +37,11 @@ def test_cost_curve_paths():
 
 
 def test_packed_gemm_script_runs(capsys):
-    from eagle.packed import packed_gemm_available
+    from eagle_kernels.onednn import packed_gemm_available
 
     if not packed_gemm_available():
         return  # nothing to compare on a build without MKL's packed GEMM
-    assert _script("packed_gemm").main(["--rows", "1,4", "--layers", "1", "--repeats", "1"]) == 0
+    assert _script("perf/packed_gemm").main(["--rows", "1,4", "--layers", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 1 |" in out and "| 4 |" in out
 
@@ -108,7 +111,7 @@ def test_draft_vocab_coverage_reads_answer_positions_only():
 
 
 def test_forward_profile_growth_table_sums_to_the_totals():
-    fp = _script("forward_profile")
+    fp = _script("perf/forward_profile")
     per = {1: {"a": 1.0, "b": 2.0, "c": 0.5}, 16: {"a": 4.0, "b": 2.5, "d": 0.25}}
     rows = fp.growth_table(per, top=2)
     assert rows[2].startswith("| `a` | 1.00 | 4.00 | +3.00")  # largest growth first
@@ -123,16 +126,11 @@ def test_forward_profile_growth_table_sums_to_the_totals():
     assert fp.self_ms_per_call([Ev("x", 3000.0), Ev("y", 500.0)], repeats=2) == {"x": 1.5, "y": 0.25}
 
 
-def test_gqa_fold_ab_paired_ratios():
-    ab = _script("gqa_fold_ab")
-    assert ab.paired_ratios({"sdpa": [10.0, 20.0], "eagle_gqa_sdpa": [9.0, 22.0]}) == [0.9, 1.1]
-
-
 @pytest.mark.slow
 def test_gqa_fold_ab_runs_on_the_real_target(capsys):
     from eagle import attention
 
-    ab = _script("gqa_fold_ab")
+    ab = _script("perf/gqa_fold_ab")
     fold_below = attention.FOLD_BELOW
     try:
         assert ab.main(["--prefix", "12", "--sizes", "1,4", "--rounds", "1", "--per-round", "1"]) == 0
@@ -143,12 +141,12 @@ def test_gqa_fold_ab_runs_on_the_real_target(capsys):
 
 
 def test_compiled_step_ab_checks_its_arguments():
-    ab = _script("compiled_step_ab")
+    ab = _script("perf/compiled_step_ab")
     with pytest.raises(SystemExit, match="--products goes with --what tiles"):
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan"):
+    with pytest.raises(SystemExit, match="--what must be guards, asserts, mkl, attention, attention-way, head, tiles or plan"):
         ab.sides("cache", None, "")
 
 
@@ -159,7 +157,7 @@ def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch)
 
     from eagle_kernels import cpu_attention
 
-    ab = _script("compiled_step_ab")
+    ab = _script("perf/compiled_step_ab")
     model = make_tiny_model("llama")
     (whole, _), (shipped, _) = ab.sides("attention", model, "").values()
     assert whole.model.config._attn_implementation == "eagle_gqa_sdpa_whole_buffer"
@@ -190,7 +188,7 @@ def test_compiled_step_ab_attention_way_sides_switch_the_op():
 
     if not cpu_attention.available():
         return  # the script refuses this A/B without the extension
-    ab = _script("compiled_step_ab")
+    ab = _script("perf/compiled_step_ab")
     named = ab.sides("attention-way", make_tiny_model("llama"), "")
     assert list(named) == ["SDPA", "tiled loop (shipped)"]
     (t1, sdpa), (t2, tiled) = named.values()
@@ -204,7 +202,7 @@ def test_compiled_step_ab_attention_way_sides_switch_the_op():
 
 
 def test_compiled_step_ab_head_sides_differ_only_in_the_greedy_head():
-    ab = _script("compiled_step_ab")
+    ab = _script("perf/compiled_step_ab")
     from conftest import make_tiny_model
 
     (full, _), (screened, _) = ab.sides("head", make_tiny_model("llama"), "").values()
@@ -237,7 +235,7 @@ def test_cost_curve_fullhead_paths():
 
 @pytest.mark.parametrize("bad", ["", "1,x", "0,4", "4,", "-1"])
 def test_positive_ints_name_the_flag(bad):
-    from eagle.cliargs import positive_ints
+    from eagle_kernels.cliargs import positive_ints
 
     assert positive_ints("1,4,16", "--rows") == [1, 4, 16]
     with pytest.raises(ValueError, match=f"--sizes must be positive integers separated by commas, got '{bad}'"):
@@ -258,7 +256,7 @@ def test_greedy_head_screen_counts_what_the_bound_keeps():
 
     if not cpu_argmax.available():
         pytest.skip("no CPU extension")
-    gs = _script("greedy_head_screen")
+    gs = _script("perf/greedy_head_screen")
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(6, 64, generator=gen)
     spread = torch.randn(500, 64, generator=gen)
@@ -268,18 +266,6 @@ def test_greedy_head_screen_counts_what_the_bound_keeps():
         assert all(c >= 1 for c in counts) and min(gs.candidate_counts(hidden, near, way)) > max(counts), way
     with pytest.raises(SystemExit, match="--rows must be positive integers"):
         gs.main(["--rows", "0"])
-
-
-def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
-    """The scope A/B's premise: a copy of a function with its own code object computes the same
-    and is not the original's code (dynamo keys its graphs on the code object)."""
-    ab = _script("compiled_step_ab")
-
-    def f(x, y=2, *, z=3):
-        return x * y + z
-
-    g = ab._fresh_forward(f)
-    assert g(4) == f(4) == 11 and g(1, y=5, z=0) == 5 and g.__code__ is not f.__code__
 
 
 def test_specbench_page_is_rendered_from_the_committed_json(tmp_path):
@@ -319,3 +305,59 @@ def test_tree_policy_trace_runs_on_a_tiny_target(tiny_target, tmp_path):
     assert all(1 <= s["nodes"] <= 7 for s in t["steps"]) and (tmp_path / "trace.png").is_file()
     assert trace.main(["--config", str(ROOT / "experiments/configs/eagle2-cpu.yaml"), "--prompts",
                        str(tmp_path / "q.jsonl")]) == 2  # not an auto tree
+
+
+def _fake_clock_arms(durations: dict[str, list[float]], log: list):
+    """Arms whose runs advance a fake clock by their next duration (and log their name); a ``before``
+    hook that advances the clock too, by much more, so timing it would show."""
+    from collections import deque
+
+    timing = _script("perf/timing")
+    now = [0.0]
+    left = {k: deque(v) for k, v in durations.items()}
+
+    def run(k):
+        log.append(k)
+        now[0] += left[k].popleft()
+        return f"{k}{len(log)}"
+
+    def slow_hook(*_):
+        now[0] += 1000.0
+
+    arms = {k: timing.Arm(lambda k=k: run(k), before=slow_hook, after=slow_hook) for k in durations}
+    return timing, arms, (lambda: now[0])
+
+
+def test_perf_timing_interleaves_rounds_and_drops_the_warmup():
+    log = []
+    timing, arms, clock = _fake_clock_arms({"A": [100.0, 1.0, 3.0, 2.0], "B": [100.0, 10.0, 40.0, 20.0]}, log)
+    rounds, seen = [], []
+    t = timing.interleave(arms, 3, warmup=1, clock=clock, each_round=rounds.append,
+                          progress=lambda r, k, s: seen.append((r, k, s)))
+    assert log == ["A", "B", "B", "A", "A", "B", "B", "A"]  # the order reversed every round
+    assert rounds == [0, 1, 2, 3]  # warm-up round included
+    assert t.times == {"A": [1.0, 3.0, 2.0], "B": [10.0, 40.0, 20.0]}  # the hooks and the warm-up not counted
+    assert seen == [(0, "B", 10.0), (0, "A", 1.0), (1, "A", 3.0), (1, "B", 40.0), (2, "B", 20.0), (2, "A", 2.0)]
+    assert t.median("A") == 2.0 and t.median("B", scale=1000) == 20000.0 and t.best("B") == 10.0
+    assert t.ratios("A", "B") == [0.1, 0.075, 0.1] and t.median_ratio("A", "B") == 0.1
+    assert t.results == {"A": "A8", "B": "B7"}  # each arm's last result
+
+
+def test_perf_timing_orders_and_bad_arguments():
+    timing = _script("perf/timing")
+    names = ["A", "B", "C"]
+    assert [timing.round_order(names, r, "rotate") for r in range(4)] == [
+        ["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
+    assert [timing.round_order(names, r, "alternate") for r in range(2)] == [["A", "B", "C"], ["C", "B", "A"]]
+    assert timing.round_order(names, 1, "fixed") == names
+    ran = []
+    arms = {"A": lambda: ran.append(1)}
+    with pytest.raises(ValueError, match="order must be one of alternate, rotate, fixed, got 'random'"):
+        timing.interleave(arms, 2, order="random")
+    with pytest.raises(ValueError, match="need rounds >= 1 and warmup >= 0"):
+        timing.interleave(arms, 0)
+    with pytest.raises(ValueError, match="no arms"):
+        timing.interleave({}, 2)
+    assert ran == []  # every refusal comes before any arm runs
+    t = timing.interleave(arms, 2, warmup=0)  # a bare callable is an arm without hooks
+    assert len(ran) == 2 and len(t.times["A"]) == 2

@@ -4,24 +4,26 @@ each screen's error bound leaves to recompute on a real model's hidden states, a
 against the float32 head's product then argmax, with the head evicted from the caches before every
 call (as in a step, which streams all other weights in between).
 
-    python experiments/greedy_head_screen.py --rows 1,8,16,32,64
+    python experiments/perf/greedy_head_screen.py --rows 1,8,16,32,64
 
 Candidates: per position of the bench's 12 chat prompts (joined, first ``--positions`` tokens), the
 tokens whose screened logit plus its bound reaches the best screened logit minus its bound (the
 op's rule and coefficient, on the screen's own values, in float64). Times: the best of
-``--repeats`` alternating calls.
+``--repeats`` rounds, the ways called one after another in each (the order reversed every round).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 
 def screen_values(hidden: torch.Tensor, weight: torch.Tensor, way: str) -> torch.Tensor:
@@ -59,13 +61,13 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     args = ap.parse_args(argv)
     import eagle
-    from eagle.cliargs import positive_ints
+    from eagle_kernels.cliargs import positive_ints
 
     try:
         rows = positive_ints(args.rows, "--rows")
     except ValueError as e:
         raise SystemExit(str(e))
-    from eagle.lmhead import project
+    from eagle.backends.cpu.lmhead import project
     from eagle_kernels import cpu_argmax
 
     if not cpu_argmax.available():
@@ -94,13 +96,8 @@ def main(argv=None) -> int:
         fns.update({w: (lambda w=w: cpu_argmax._run(w, h, weight)) for w in ways})  # the op of each screen
         expected = fns["full"]()
         assert all(torch.equal(expected, fns[w]()) for w in ways)
-        best = dict.fromkeys(fns, float("inf"))
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                flush.sum()
-                t0 = time.perf_counter()
-                fn()
-                best[name] = min(best[name], 1000 * (time.perf_counter() - t0))
+        t = interleave({k: Arm(fn, before=flush.sum) for k, fn in fns.items()}, args.repeats, warmup=0)
+        best = {k: t.best(k, 1000) for k in fns}
         cells = " | ".join(f"{best[w]:.2f} ({best[w] / best['full']:.2f}x)" for w in ways)
         print(f"| {r} | {best['full']:.2f} | {cells} |")
     return 0

@@ -1,21 +1,24 @@
 """Time the LM-head product ``(T, H) x (V, H)^T`` in its two orientations on this CPU, per row count.
 
 ``plain`` is ``F.linear(hidden, weight)``; ``transposed`` is ``(weight @ hidden.T).T`` made
-row-major again (what ``eagle.lmhead.project`` may pick for float32 on the CPU). The two are timed
-interleaved (A, B, A, B, ...) so background load hits both alike; medians in ms, and the ratio
+row-major again (what ``eagle.backends.cpu.lmhead.project`` may pick for float32 on the CPU). The two are timed
+interleaved (the order reversed every round) so background load hits both alike; medians in ms, and the ratio
 plain / transposed (> 1: transposed is faster). With ``--packed`` also MKL's packed GEMM with a
 weight packed for that row count (what a packed twin's LM head does for a tree bucket,
-eagle/packed.py), timed in the same rotation.
+eagle/packed.py), timed in the same rounds.
 
-    python experiments/lm_head_orientation.py --vocab 49152 8192 --rows 1 2 4 8 10 16 32 61
+    python experiments/perf/lm_head_orientation.py --vocab 49152 8192 --rows 1 2 4 8 10 16 32 61
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleave  # noqa: E402
 
 
 def _plain(x, w):
@@ -28,19 +31,12 @@ def _transposed(x, w):
 
 def ab(x: torch.Tensor, w: torch.Tensor, repeats: int, packed: bool = False) -> list[float]:
     """Median ms of the plain, the transposed (and the packed) product, timed interleaved."""
-    fns = [_plain, _transposed]
+    fns = {"plain": _plain, "transposed": _transposed}
     if packed:
         p = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
-        fns.append(lambda x, w: torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0]))
-    times = [[] for _ in fns]
-    for fn in fns:
-        fn(x, w)  # warm-up
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            t0 = time.perf_counter()
-            fn(x, w)
-            out.append(1000 * (time.perf_counter() - t0))
-    return [statistics.median(t) for t in times]
+        fns["packed"] = lambda x, w: torch.ops.mkl._mkl_linear(x, p, w, None, x.shape[0])
+    t = interleave({k: (lambda fn=fn: fn(x, w)) for k, fn in fns.items()}, repeats)  # round 0 warms up
+    return [t.median(k, 1000) for k in fns]
 
 
 def main(argv=None) -> None:
@@ -51,7 +47,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--packed", action="store_true", help="also time MKL's packed GEMM (x86 builds with MKL)")
     args = ap.parse_args(argv)
-    from eagle.packed import packed_gemm_available
+    from eagle_kernels.onednn import packed_gemm_available
 
     if args.packed and not packed_gemm_available():
         raise SystemExit("--packed: this torch build has no MKL packed GEMM")

@@ -3,7 +3,7 @@ order): SDPA under the explicit TTT mask (the former step) against the structure
 (eagle.train.eagle3.ttt_attention: causal scores against step 0 plus one dot product per later
 step); with the first batch's loss of each.
 
-    python experiments/ttt_step_ab.py --data-tokens 60000 --rounds 4 --steps 2
+    python experiments/perf/ttt_step_ab.py --data-tokens 60000 --rounds 4 --steps 2
 """
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import argparse
 import copy
 import json
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -70,21 +71,22 @@ def main(argv=None) -> int:
             losses.append(float(loss.detach()))
         return losses
 
-    times = {n: [] for n in ways}
     first = {}
     names = list(ways)
-    for rnd in range(args.rounds):
-        for name in names[rnd % len(names):] + names[: rnd % len(names)]:
-            first.setdefault(name, run(name, batches[:1])[0])  # also the warm-up
-            t0 = time.perf_counter()
-            run(name, batches[1: args.steps + 1])
-            times[name].append((time.perf_counter() - t0) / args.steps)
-            print(f"round {rnd}: {name}: {times[name][-1]:.2f} s/step", flush=True)
-    med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+
+    def arm(name) -> Arm:
+        def warm():  # the first batch, untimed: the warm-up, and its loss for the comparison
+            first.setdefault(name, run(name, batches[:1])[0])
+        return Arm(lambda: run(name, batches[1: args.steps + 1]), before=warm)
+
+    timed = interleave({n: arm(n) for n in names}, args.rounds, warmup=0, order="rotate",
+                       progress=lambda r, n, s: print(f"round {r}: {n}: {s / args.steps:.2f} s/step", flush=True))
+    times = {n: [s / args.steps for s in v] for n, v in timed.times.items()}
+    med = {n: timed.median(n, 1 / args.steps) for n in names}
     base = med[names[0]]
     for n in names:
         print(f"{n}: median {med[n]:.2f} s/step ({base / med[n]:.2f}x the former step); first-batch loss {first[n]:.5f}")
-    result = {"command": "python experiments/ttt_step_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python experiments/perf/ttt_step_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "train_dtype": cfg.train_dtype, "seconds_per_step": times, "median": med,
               "speedup_vs_before": {n: base / med[n] for n in names}, "first_batch_loss": first}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

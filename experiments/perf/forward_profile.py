@@ -9,12 +9,12 @@ operator call, so the times sit above cost_curve.py's; compare the columns with 
 with that table. Calls that bypass the dispatcher (the small-row CPU GEMM's products, Python) show
 in no operator's row: the last row, the wall time minus every operator, is their share.
 
-    python experiments/forward_profile.py --sizes 1,16 --repeats 10 --top 15
-    python experiments/forward_profile.py --kernel-split --sizes 1,16 --repeats 30
+    python experiments/perf/forward_profile.py --sizes 1,16 --repeats 10 --top 15
+    python experiments/perf/forward_profile.py --kernel-split --sizes 1,16 --repeats 30
 
 ``--kernel-split`` (no profiler): per size, the forward's wall time, the time spent inside the
 small-row kernel's calls during those forwards (the layer products; the LM head goes through
-eagle.lmhead and is timed as ``Target.logits``), and the same layer products with the same row
+eagle.backends.cpu.lmhead and is timed as ``Target.logits``), and the same layer products with the same row
 count run back to back outside the model (random inputs): what the products cost in place
 against what they cost alone.
 """
@@ -31,7 +31,7 @@ import torch
 
 
 def _cost_curve():
-    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).with_name("cost_curve.py"))
+    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).resolve().parent.parent / "cost_curve.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -65,7 +65,7 @@ def growth_table(per_size: dict[int, dict[str, float]], top: int) -> list[str]:
 
 def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -> list[str]:
     """Markdown rows of ``--kernel-split`` (see the module docstring)."""
-    from eagle.packed import PackedLinear
+    from eagle.backends.cpu.packed import PackedLinear
     from eagle.target import Target
     from eagle_kernels import cpu_gemm
 

@@ -6,12 +6,6 @@ project runs on drift by 2x over an hour; only such pairs are compared).
 guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for that side). One
 Target, the same compiled graphs.
 
-``--what scope``: one graph per step whose decoder layers are one compiled region (as shipped,
-eagle/regions.py) against each decoder layer compiled on its own (the way until 870c0cb: 30
-compiled calls per step from transformers' Python, each with inductor's C++ wrapper, guards
-skipped once warm). Two Targets; the per-layer side binds its own copy of the layer's ``forward``
-code, so dynamo keeps their graphs apart.
-
 ``--what asserts``: inductor's size, alignment and scalar checks left out of the step graph's
 Python wrapper (as shipped, ``eagle.target._STEP_OPTIONS``) against inductor's defaults (a
 backend of its own for that side, so dynamo keeps the two graphs apart). Two Targets.
@@ -37,22 +31,21 @@ argmax (``greedy_head: full``). Two Targets; for this one each step is timed to 
 ``--what tiles``: the small-row kernel's tiles of 1, 2 and 3 blocks (``set_tile_blocks``, switched
 between calls). One Target; only the buckets whose products take the kernel change.
 
-    python experiments/compiled_step_ab.py --what guards --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what scope --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what asserts --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what mkl --sizes 16,32,64
-    python experiments/compiled_step_ab.py --what attention --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what attention-way --sizes 1,4,8,16,32,61
-    python experiments/compiled_step_ab.py --what attention-way --dtype bfloat16 --sizes 1,8,16,64
-    python experiments/compiled_step_ab.py --what head --sizes 1,4,8,16,32,64
-    python experiments/compiled_step_ab.py --what tiles --sizes 1,4,8,16
-    python experiments/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
+    python experiments/perf/compiled_step_ab.py --what guards --sizes 1,4,8,16
+    python experiments/perf/compiled_step_ab.py --what asserts --sizes 1,4,8,16
+    python experiments/perf/compiled_step_ab.py --what mkl --sizes 16,32,64
+    python experiments/perf/compiled_step_ab.py --what attention --sizes 1,4,8,16
+    python experiments/perf/compiled_step_ab.py --what attention-way --sizes 1,4,8,16,32,61
+    python experiments/perf/compiled_step_ab.py --what attention-way --dtype bfloat16 --sizes 1,8,16,64
+    python experiments/perf/compiled_step_ab.py --what head --sizes 1,4,8,16,32,64
+    python experiments/perf/compiled_step_ab.py --what tiles --sizes 1,4,8,16
+    python experiments/perf/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
 ``--what plan``: the small-row kernel's settings as first shipped (``cpu_gemm.DEFAULT_PLAN``: 4 KB
 of prefetch, turns for more than 8 rows) against the plan chosen on this machine at load
 (``cpu_gemm.plan()``, switched between calls). One Target, the same graphs.
 
-    python experiments/compiled_step_ab.py --what plan --sizes 1,4,8,16,32
+    python experiments/perf/compiled_step_ab.py --what plan --sizes 1,4,8,16,32
 
 ``--products``: with ``tiles``, SmolLM2's 211 products alone (random weights in its shapes, the
 same packed copies for every width) instead of whole steps.
@@ -62,67 +55,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import statistics
-import time
-import types
+import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
+
 
 def _cost_curve():
-    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).with_name("cost_curve.py"))
+    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).resolve().parent.parent / "cost_curve.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _fresh_forward(fn):
-    """A copy of function ``fn`` with its own code object (dynamo caches graphs per code object)."""
-    out = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    out.__kwdefaults__ = fn.__kwdefaults__
-    return out
-
-
-def _layerwise_target(model, runtime):
-    """A Target whose compiled CPU steps compile each decoder layer on its own, as eagle/target.py
-    did until 870c0cb: a parameter-sharing copy of the decoder per step whose layers' ``forward``
-    is compiled (one graph for all layers: the layer index a symbolic integer), inductor's C++
-    wrapper, dynamo's guards skipped after each step's first call."""
-    import eagle
-    import eagle.target as et
-    from eagle.attention import sharing_copy
-    from eagle.packed import PackedLinear
-    from eagle.regions import layer_hooks_outside
-
-    t = eagle.Target(model, "reference", runtime)
-    code = _fresh_forward(type(model.get_decoder().layers[0]).forward)  # its own dynamo cache
-
-    def compiled_step(size, layers=None):
-        if (size, layers) not in t._steps:
-            base = t._packed_base if size in t.stream_rows | t.onednn_rows else t.base
-            copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
-            for mod in copy_.modules():
-                if isinstance(mod, PackedLinear):
-                    mod.hold_copies()
-            layer_hooks_outside(copy_)
-            for layer in copy_.layers:
-                layer.forward = torch.compile(types.MethodType(code, layer), dynamic=None,
-                                              options={"cpp_wrapper": True})
-            warm = []
-
-            def step(tokens, positions, masks, slots, cache, **kernel):
-                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=256), \
-                        et._guards_of(bool(warm)):
-                    out = t._run(tokens, positions, cache, masks, layers, base=copy_, cache_slots=slots, **kernel)
-                warm.append(True)
-                return out
-
-            t._steps[(size, layers)] = step
-        return t._steps[(size, layers)]
-
-    t._compiled_step = compiled_step
-    return t
 
 
 def sides(what: str, model, dtype: str):
@@ -141,9 +87,6 @@ def sides(what: str, model, dtype: str):
 
         return {"all guards": (t, set_guards(lambda warm: contextlib.nullcontext())),
                 "warm keys (shipped)": (t, set_guards(real))}
-    if what == "scope":
-        return {"each layer compiled": (_layerwise_target(model, runtime()), lambda: None),
-                "one graph per step (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
     if what == "asserts":
         from torch._inductor.compile_fx import compile_fx
 
@@ -205,7 +148,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; default {default}; chosen {chosen}")
         return {"default plan": (t, lambda: cpu_gemm.set_plan(**default)),
                 "chosen plan (shipped)": (t, lambda: cpu_gemm.set_plan(**chosen))}
-    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")
+    raise SystemExit(f"--what must be guards, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -221,27 +164,27 @@ def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
         if id(t) not in caches:
             caches[id(t)] = t.new_cache(prefix + max(sizes))
             t.prefill(ids, caches[id(t)])
-    times = {(n, s): [] for n in named for s in sizes}
     order = list(named)
-    with torch.no_grad():
-        for r in range(rounds + 2):  # two warm-up rounds (the first compiles)
-            for s in sizes:
-                tree = cc.random_tree(s, vocab, gen)
-                for n in (order if r % 2 else order[::-1]):
-                    t, before = named[n]
-                    before()
-                    t0 = time.perf_counter()
-                    out = t.tree_forward(tree, caches[id(t)])
-                    out.greedy() if what == "head" else out.logits  # the LM head included
-                    dt = time.perf_counter() - t0
-                    eagle.Target.crop(caches[id(t)], prefix)
-                    if r >= 2:
-                        times[(n, s)].append(1000 * dt)
+    trees: dict[int, object] = {}
+
+    def draw(_round: int) -> None:  # this round's tree per size, the same for every side
+        trees.update({s: cc.random_tree(s, vocab, gen) for s in sizes})
+
+    def arm(n: str, s: int) -> Arm:
+        t, before = named[n]
+
+        def run():
+            out = t.tree_forward(trees[s], caches[id(t)])
+            return out.greedy() if what == "head" else out.logits  # the LM head included
+        return Arm(run, before=before, after=lambda _: eagle.Target.crop(caches[id(t)], prefix))
+
+    with torch.no_grad():  # two warm-up rounds (the first compiles)
+        timed = interleave({(n, s): arm(n, s) for s in sizes for n in order}, rounds, warmup=2, each_round=draw)
     named[order[-1]][1]()  # leave the shipped state
     base = order[0]
     lines = ["| tree tokens | " + " | ".join(f"{n}, ms" for n in order) + " |", "|---:|" + "---:|" * len(order)]
     for s in sizes:
-        med = {n: statistics.median(times[(n, s)]) for n in order}
+        med = {n: timed.median((n, s), 1000) for n in order}
         lines.append(f"| {s} | " + " | ".join(
             f"{med[n]:.1f}" + ("" if n == base else f" ({med[n] / med[base]:.2f}x)") for n in order) + " |")
     return lines
@@ -249,12 +192,7 @@ def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
 
 def product_rows(sizes, rounds) -> list[str]:
     """The kernel's tile widths on a step's 211 products alone (kernels/bench_cpu_gemm.py's shapes)."""
-    import sys
-
-    from eagle_kernels import cpu_gemm
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kernels"))
-    import bench_cpu_gemm
+    from eagle_kernels import bench_cpu_gemm, cpu_gemm
 
     ext = cpu_gemm._load()
     if ext is None:
@@ -268,16 +206,12 @@ def product_rows(sizes, rounds) -> list[str]:
     with torch.no_grad():
         for r in sizes:
             xs = {k: torch.randn(r, k, generator=gen) for k in {p.shape[1] for p, _ in packs}}
-            t = {nb: [] for nb in widths}
-            for rnd in range(rounds + 1):
-                for nb in (widths if rnd % 2 else widths[::-1]):
-                    ext.set_tile_blocks(nb)
-                    t0 = time.perf_counter()
-                    for p, n in packs:
-                        ext.packed_linear(xs[p.shape[1]], p, n, None)
-                    if rnd:
-                        t[nb].append(1000 * (time.perf_counter() - t0))
-            med = {nb: statistics.median(v) for nb, v in t.items()}
+
+            def run():
+                for p, n in packs:
+                    ext.packed_linear(xs[p.shape[1]], p, n, None)
+            timed = interleave({nb: Arm(run, before=lambda nb=nb: ext.set_tile_blocks(nb)) for nb in widths}, rounds)
+            med = {nb: timed.median(nb, 1000) for nb in widths}
             lines.append(f"| {r} | " + " | ".join(
                 f"{med[nb]:.1f}" + ("" if nb == 1 else f" ({med[nb] / med[1]:.2f}x)") for nb in widths) + " |")
     ext.set_tile_blocks(chosen)
@@ -286,7 +220,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "attention-way", "head",
+    ap.add_argument("--what", required=True, choices=["guards", "asserts", "mkl", "attention", "attention-way", "head",
                                                         "tiles", "plan"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -295,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--products", action="store_true", help="with --what tiles: the products alone")
     ap.add_argument("--target", default="smollm2-135m")
     args = ap.parse_args(argv)
-    from eagle.cliargs import positive_ints
+    from eagle_kernels.cliargs import positive_ints
 
     try:
         sizes = positive_ints(args.sizes, "--sizes")

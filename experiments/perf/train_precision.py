@@ -3,7 +3,7 @@ loss and the gradient of one batch move, and the held-out loss / top-1 after a s
 two copies of the same initial head on the same batches, one per precision. One process, the
 precisions alternating round by round, on the first shards of a training config's data folder.
 
-    python experiments/train_precision.py --config experiments/configs/train-smollm2-eagle3.yaml \
+    python experiments/perf/train_precision.py --config experiments/configs/train-smollm2-eagle3.yaml \
         --data-tokens 60000 --rounds 2 --train-steps 30
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ import argparse
 import copy
 import json
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
 
     from eagle.config import ConfigError
     from eagle.models import load_target
-    from eagle.runtime import native_bf16
+    from eagle.backends import native_bf16
     from eagle.train.common import batch_order, heldout_split, step_precision
     from eagle.train.data import ShardDataset
     from eagle.train.trainer import load_train_config, recipe_for
@@ -103,17 +104,22 @@ def main(argv=None) -> int:
     print(f"one batch: loss {losses['float32']:.4f} (fp32) vs {losses['bfloat16']:.4f} (bf16); "
           f"gradient cosine {cos:.5f}, norm ratio {agree['grad_norm_ratio']:.4f}")
 
-    # 2) step time, alternating precisions
-    times = {dt: [] for dt in PRECISIONS}
-    for rnd in range(args.rounds):
-        for dt in (PRECISIONS if rnd % 2 == 0 else PRECISIONS[::-1]):
-            m, opt = fresh()
-            _step(recipe, m, opt, batches[0], dt, device)  # warm-up
-            t0 = time.perf_counter()
+    # 2) step time, alternating precisions; each round starts from a fresh copy after one untimed step
+    state: dict = {}
+
+    def arm(dt) -> Arm:
+        def fresh_and_warm():
+            state["m"], state["opt"] = fresh()
+            _step(recipe, state["m"], state["opt"], batches[0], dt, device)
+
+        def run():
             for k in range(args.steps):
-                _step(recipe, m, opt, batches[k % len(batches)], dt, device)
-            times[dt].append((time.perf_counter() - t0) / args.steps)
-            print(f"round {rnd}: {dt} {times[dt][-1]:.2f} s/step", flush=True)
+                _step(recipe, state["m"], state["opt"], batches[k % len(batches)], dt, device)
+        return Arm(run, before=fresh_and_warm)
+
+    timed = interleave({dt: arm(dt) for dt in PRECISIONS}, args.rounds, warmup=0,
+                       progress=lambda r, dt, s: print(f"round {r}: {dt} {s / args.steps:.2f} s/step", flush=True))
+    times = {dt: [s / args.steps for s in v] for dt, v in timed.times.items()}
 
     # 3) a short training per precision from the same init, then held-out loss and top-1 per step
     from eagle.train.trainer import _evaluate
@@ -134,8 +140,8 @@ def main(argv=None) -> int:
         print(f"{dt}: {args.train_steps} steps, held-out loss {ev['loss']:.4f}, top-1 per step "
               + " ".join(f"{a:.3f}" for a in ev["acc"]), flush=True)
 
-    med = {dt: sorted(v)[len(v) // 2] for dt, v in times.items()}
-    result = {"command": "python experiments/train_precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    med = {dt: timed.median(dt, 1 / args.steps) for dt in PRECISIONS}
+    result = {"command": "python experiments/perf/train_precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "config": args.config, "head": cfg.head, "batch_size": cfg.batch_size,
               "train_sequences": len(train_set), "eval_sequences": len(eval_set),
               "counted_positions_first_batch": positions[0], "one_batch": agree,

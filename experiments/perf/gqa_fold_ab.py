@@ -7,32 +7,28 @@ size the median forward time of each and the median of the paired ratios (folded
 backend's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is measured folded
 (both are put back on return).
 
-    python experiments/gqa_fold_ab.py --prefix 300 --sizes 1,16,32,64 --rounds 9
+    python experiments/perf/gqa_fold_ab.py --prefix 300 --sizes 1,16,32,64 --rounds 9
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 BACKENDS = ("sdpa", "eagle_gqa_sdpa")
 
 
 def _cost_curve():
-    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).with_name("cost_curve.py"))
+    spec = importlib.util.spec_from_file_location("cost_curve", Path(__file__).resolve().parent.parent / "cost_curve.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def paired_ratios(times: dict[str, list[float]]) -> list[float]:
-    """Round by round, folded time over copied time."""
-    return [f / c for f, c in zip(times["eagle_gqa_sdpa"], times["sdpa"])]
 
 
 def main(argv=None) -> int:
@@ -75,20 +71,23 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for T in sizes:
                 trees = [cc.random_tree(T, vocab, gen) for _ in range(args.per_round)]
-                times: dict[str, list[float]] = {b: [] for b in BACKENDS}
-                for r in range(args.rounds + 1):  # round 0 warms both up
-                    for b in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
+
+                def arm(backend: str) -> Arm:
+                    def use():
                         for cfg in configs:
-                            cfg._attn_implementation = b
-                        t0 = time.perf_counter()
+                            cfg._attn_implementation = backend
+
+                    def run():
                         for tree in trees:
                             target.tree_forward(tree, cache).logits  # the LM head included, as before it was lazy
                             Target.crop(cache, args.prefix)
-                        if r:
-                            times[b].append((time.perf_counter() - t0) * 1000 / len(trees))
-                ratios = paired_ratios(times)
-                print(f"| {T} | {statistics.median(times['sdpa']):.1f} | {statistics.median(times['eagle_gqa_sdpa']):.1f} | "
-                      f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
+                    return Arm(run, before=use)
+
+                t = interleave({b: arm(b) for b in BACKENDS}, args.rounds)  # round 0 warms both up
+                ms = {b: t.median(b, 1000 / len(trees)) for b in BACKENDS}
+                ratios = t.ratios("eagle_gqa_sdpa", "sdpa")  # folded / copied, round by round
+                print(f"| {T} | {ms['sdpa']:.1f} | {ms['eagle_gqa_sdpa']:.1f} | {t.median_ratio('eagle_gqa_sdpa', 'sdpa'):.3f} | "
+                      f"{min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
     finally:  # the Target as it was: folding, with its threshold
         attention.FOLD_BELOW = fold_below
         for cfg in configs:

@@ -11,7 +11,7 @@ Two measurements on one batch of training prompts, in one process:
    distribution ``sample_next`` draws from (temperature, top-256, top-p) is compared: total variation
    distance (the probability that a coupled draw differs), top-1 agreement, and the KL divergence.
 
-    python experiments/gen_precision.py --prompts 48 --max-new-tokens 128 --rounds 2
+    python experiments/perf/gen_precision.py --prompts 48 --max-new-tokens 128 --rounds 2
 
 Prints a markdown table; ``--json`` writes the figures.
 """
@@ -21,9 +21,13 @@ import argparse
 import copy
 import json
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float, k: int) -> torch.Tensor:
@@ -72,23 +76,29 @@ def main(argv=None) -> int:
     L = model.config.num_hidden_layers
     layers = (2, L // 2, L - 3)
 
-    def run(m, seed):
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        outs = list(_generate_batch(m, tok, prompts, args.max_new_tokens, args.temperature, args.top_p, eos, pad,
-                                    True, layers))
-        return outs, time.perf_counter() - t0
+    seed = [0]  # each round's sampling seed, the same for both precisions
+    ref: list = []  # the float32 answers of the first round: the ones compared below
+    tokens: dict[str, int] = {}
+
+    def arm(name, m) -> Arm:
+        def run():
+            return list(_generate_batch(m, tok, prompts, args.max_new_tokens, args.temperature, args.top_p, eos, pad,
+                                        True, layers))
+
+        def keep(outs):
+            tokens[name] = sum(len(o[0]) for o in outs)
+            if name == "float32" and not ref:
+                ref.extend(outs)
+        return Arm(run, before=lambda: torch.manual_seed(seed[0]), after=keep)
 
     rates = {"float32": [], args.dtype: []}
-    ref = None
-    for r in range(args.rounds):
-        order = [("float32", model), (args.dtype, low)] if r % 2 == 0 else [(args.dtype, low), ("float32", model)]
-        for name, m in order:
-            outs, dt = run(m, seed=r)
-            rates[name].append(sum(len(o[0]) for o in outs) / dt)
-            if name == "float32" and ref is None:
-                ref = outs
-            print(f"round {r} {name}: {rates[name][-1]:.1f} tok/s", flush=True)
+
+    def report(r, name, seconds):
+        rates[name].append(tokens[name] / seconds)
+        print(f"round {r} {name}: {rates[name][-1]:.1f} tok/s", flush=True)
+
+    interleave({"float32": arm("float32", model), args.dtype: arm(args.dtype, low)}, args.rounds, warmup=0,
+               each_round=lambda r: seed.__setitem__(0, r), progress=report)
 
     seqs = [o[0] for o in ref[: args.compare_sequences]]
     plens = [o[3] for o in ref[: args.compare_sequences]]

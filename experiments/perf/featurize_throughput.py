@@ -4,17 +4,18 @@ batches of <= 256 positions (what featurize takes where it measures faster), on 
 of one committed token-store shard, alternating A/B rounds in one process; also the largest
 difference between the two ways' fp16 features.
 
-    python experiments/featurize_throughput.py --sequences 24 --rounds 2
+    python experiments/perf/featurize_throughput.py --sequences 24 --rounds 2
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleave  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
     from safetensors.torch import load_file
 
     import eagle
-    import eagle.packed as pk
+    import eagle.backends.cpu.packed as pk
     from eagle.train.tokens import FEATURIZE_TOKENS, STREAM_TOKENS, featurize
     from eagle_kernels import cpu_gemm
 
@@ -51,15 +52,17 @@ def main(argv=None) -> int:
     layers = (2, 15, 27)
     ways = {f"MKL, <= {FEATURIZE_TOKENS} positions": (model, FEATURIZE_TOKENS),
             f"kernel, <= {STREAM_TOKENS} positions": (twin, STREAM_TOKENS)}
-    out = {}
+
+    def run(name):
+        runner, limit = ways[name]
+        return featurize(runner, seqs, layers, max_tokens=limit)  # limit <= STREAM_TOKENS: no copy of its own
+
+    def report(rnd, name, seconds):
+        print(f"round {rnd + 1}: {name}: {n / seconds:.0f} tok/s", flush=True)
+
     with torch.no_grad():
-        for rnd in range(args.rounds):
-            for name in (list(ways) if rnd % 2 == 0 else list(ways)[::-1]):
-                runner, limit = ways[name]
-                t0 = time.perf_counter()
-                out[name] = featurize(runner, seqs, layers, max_tokens=limit)  # limit <= STREAM_TOKENS: no copy of its own
-                print(f"round {rnd + 1}: {name}: {n / (time.perf_counter() - t0):.0f} tok/s", flush=True)
-    a, b = out.values()
+        t = interleave({name: (lambda name=name: run(name)) for name in ways}, args.rounds, warmup=0, progress=report)
+    a, b = (t.results[name] for name in ways)
     diff = max(max((x[0].float() - y[0].float()).abs().max().item(), (x[1].float() - y[1].float()).abs().max().item())
                for x, y in zip(a, b))
     top = max(max(x[0].float().abs().max().item(), x[1].float().abs().max().item()) for x in a)

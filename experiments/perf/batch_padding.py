@@ -5,7 +5,7 @@ so the padding fraction is the compute a batch order wastes. Reads the sequence 
 self-distilled data folder (no features loaded) and builds the epoch's batches as ``eagle train``
 does (``eagle.train.common.batch_order``, with and without ``lengths``).
 
-    python experiments/batch_padding.py --data ~/.cache/eagle/data/smollm2-selfdistill
+    python experiments/perf/batch_padding.py --data ~/.cache/eagle/data/smollm2-selfdistill
 """
 from __future__ import annotations
 

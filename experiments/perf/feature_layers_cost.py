@@ -2,14 +2,18 @@
 tree forward (and prefill) with and without ``layers=``, alternating A/B/A/B in one process; checks
 that logits and the final feature are identical either way.
 
-    python experiments/feature_layers_cost.py --nodes 1,8,16 --rounds 20
+    python experiments/perf/feature_layers_cost.py --nodes 1,8,16 --rounds 20
 """
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Arm, interleave  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,21 +36,19 @@ def main(argv=None) -> int:
         tree = Tree.chain(torch.randint(0, target.config.vocab_size, (n,), generator=gen).tolist())
         cache = target.new_cache(args.prefix + 64)
         target.prefill(prefix, cache)
-        times = {False: [], True: []}
-        outs = {}
-        for r in range(args.rounds + 2):  # two warm-up rounds
-            for want in ((False, True) if r % 2 == 0 else (True, False)):
-                t0 = time.perf_counter()
+
+        def arm(want: bool) -> Arm:
+            def run():
                 out = target.tree_forward(tree, cache, layers if want else None)
                 out.logits  # the LM head included
-                dt = time.perf_counter() - t0
-                target.crop(cache, args.prefix)
-                if r >= 2:
-                    times[want].append(dt)
-                outs[want] = out
+                return out
+            return Arm(run, after=lambda _: target.crop(cache, args.prefix))
+
+        t = interleave({False: arm(False), True: arm(True)}, args.rounds, warmup=2)
+        outs = t.results
         if not (torch.equal(outs[False].logits, outs[True].logits) and torch.equal(outs[False].hidden, outs[True].hidden)):
             raise SystemExit("asking for the layers changed the logits or the final feature")
-        a, b = (sorted(times[k])[len(times[k]) // 2] * 1e3 for k in (False, True))
+        a, b = t.median(False, 1e3), t.median(True, 1e3)
         print(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.3f} |", flush=True)
     print("identical logits and final features with and without the layers")
     return 0
