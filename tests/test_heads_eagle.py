@@ -1,5 +1,6 @@
-"""The EAGLE draft head itself (eagle/heads/eagle.py): shapes and parameters, causal and tree mask semantics,
-checkpoint round trips, and one-line errors for folders that are not (or not quite) a head.
+"""The EAGLE draft head itself (eagle/heads/eagle.py): shapes and parameters, causal and tree mask semantics;
+its checkpoint in our layout (eagle/heads/formats.py): round trips, and one-line errors for folders that
+are not (or not quite) a head.
 
 Every model here is a tiny random fp32 model (``make_tiny_head_target`` in conftest.py; no downloads,
 no real weights).
