@@ -85,3 +85,25 @@ def test_more_extends_without_touching_the_heldout_set(tmp_path):
     path = promptgen.write_more(tmp_path, "more.jsonl", 600, 0)
     more = [json.loads(l)["prompt"] for l in path.read_text().splitlines()]
     assert len(more) == 300 and not set(more) & base
+
+
+def test_committed_prompt_sets_are_what_the_generator_writes(tmp_path):
+    """The committed training and held-out prompts are this generator's output over the word file,
+    byte for byte (the commands in promptgen's docstring): an edit to the code or to the order of a
+    list in experiments/data/promptgen_words.json that changes the stream shows here."""
+    committed = Path(__file__).resolve().parents[1] / "experiments/data/prompts"
+    write_prompt_sets(tmp_path, n=5000, heldout=200, seed=0)
+    promptgen.write_more(tmp_path, "train-more.jsonl", 13500, 0)
+    for name in ("train.jsonl", "heldout.jsonl", "train-more.jsonl"):
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+def test_word_file_holds_the_lists_the_generator_uses():
+    words = json.loads(promptgen.WORDS.read_text(encoding="utf-8"))
+    assert set(words) == {"shared", *CATEGORIES}
+    # every {slot} of a template category has its vocabulary
+    for cat, vocab, templates in (("writing", promptgen.W_VOCAB, promptgen.W_TEMPLATES),
+                                  ("humanities", promptgen.H_VOCAB, promptgen.H_TEMPLATES),
+                                  ("chat", promptgen.C_VOCAB, promptgen.C_TEMPLATES)):
+        slots = {m.group(2) for t in templates for m in promptgen._SLOT.finditer(t)}
+        assert slots <= set(vocab), (cat, slots - set(vocab))
