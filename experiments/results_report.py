@@ -201,12 +201,25 @@ def learning_curve_section(folder: Path) -> list[str]:
            "```", f"python {_script('learning_curve.py')} --heads eagle,eagle3 --budgets 250000,500000,1000000,all "
            "--report docs/learning_curve.md", "```", "",
            "| head | tokens | steps | top-1 depth 1 / 2 / 3 | tau | identical |", "|---|---:|---:|---|---:|---:|"]
-    for c in cells:
-        acc = " / ".join(f"{a:.3f}" for a in c["eval"]["fixed"]["acc"][:3])
-        bench = c["bench"]
-        out.append(f"| {titles.get(c['head'], c['head'])} | {c['data_tokens']:,} | {c['train']['steps']:,} | {acc} | "
-                   f"{bench['tau']:.2f} ± {bench['tau_se']:.2f} | {bench['identical_to_plain']}/{bench['prompts']} |")
-    return out + [""]
+    out += [_curve_row(c, titles.get(c["head"], c["head"])) for c in cells] + [""]
+    # other curves of the same command with other settings, in folders beside it (e.g. more epochs)
+    for extra in sorted(folder.parent.glob(folder.name + "_*/results.json")):
+        more = json.loads(extra.read_text())
+        epochs = more.get("settings", {}).get("epochs")
+        label = f", {epochs:g} epochs" if epochs else ""
+        out += [f"The same on other settings (`{extra.parent.relative_to(ROOT).as_posix() if extra.is_relative_to(ROOT) else extra.parent.name}`):",
+                "", "```", more["command"], "```", "",
+                "| head | tokens | steps | top-1 depth 1 / 2 / 3 | tau | identical |", "|---|---:|---:|---|---:|---:|"]
+        out += [_curve_row(c, titles.get(c["head"], c["head"]) + label)
+                for c in sorted(more["cells"].values(), key=lambda c: c["data_tokens"]) if c.get("done")] + [""]
+    return out
+
+
+def _curve_row(c: dict, title: str) -> str:
+    acc = " / ".join(f"{a:.3f}" for a in c["eval"]["fixed"]["acc"][:3])
+    bench = c["bench"]
+    return (f"| {title} | {c['data_tokens']:,} | {c['train']['steps']:,} | {acc} | "
+            f"{bench['tau']:.2f} ± {bench['tau_se']:.2f} | {bench['identical_to_plain']}/{bench['prompts']} |")
 
 
 # ------------------------------------------------------------------------------------ the rest
