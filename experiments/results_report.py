@@ -273,8 +273,8 @@ def render(results: Path) -> str:
     if spec.is_file():
         machine.append(f"| Spec-Bench ([specbench.md](specbench.md)) | {_load(spec)['device']} | |")
     machine += [f"| peer run | {peer['device']} | |", "",
-                "(The read bandwidth is the median time of summing a 512 MB float32 tensor with every thread, "
-                "measured in the cost curve's own run.)", ""]
+                "(The read bandwidth: 512 MB over the median time of summing a float32 tensor of that size with "
+                "every thread, measured in the cost curve's own run.)", ""]
     lines = ["# Results", "",
              "What the project measures now, rendered by `make results` (`python experiments/results_report.py`) "
              "from the committed files under `experiments/results/`; each section names the command that wrote its "
