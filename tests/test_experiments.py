@@ -146,7 +146,7 @@ def test_compiled_step_ab_checks_its_arguments():
         ab.main(["--what", "guards", "--products"])
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         ab.main(["--what", "tiles", "--sizes", "1,x"])
-    with pytest.raises(SystemExit, match="--what must be guards, asserts, mkl, attention, attention-way, head, tiles or plan"):
+    with pytest.raises(SystemExit, match="--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan"):
         ab.sides("cache", None, "")
 
 
@@ -266,6 +266,18 @@ def test_greedy_head_screen_counts_what_the_bound_keeps():
         assert all(c >= 1 for c in counts) and min(gs.candidate_counts(hidden, near, way)) > max(counts), way
     with pytest.raises(SystemExit, match="--rows must be positive integers"):
         gs.main(["--rows", "0"])
+
+
+def test_compiled_step_ab_code_copies_keep_separate_dynamo_caches():
+    """The scope A/B's premise: a copy of a function with its own code object computes the same
+    and is not the original's code (dynamo keys its graphs on the code object)."""
+    ab = _script("perf/compiled_step_ab")
+
+    def f(x, y=2, *, z=3):
+        return x * y + z
+
+    g = ab._fresh_forward(f)
+    assert g(4) == f(4) == 11 and g(1, y=5, z=0) == 5 and g.__code__ is not f.__code__
 
 
 def test_specbench_page_is_rendered_from_the_committed_json(tmp_path):

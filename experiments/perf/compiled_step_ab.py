@@ -6,6 +6,12 @@ project runs on drift by 2x over an hour; only such pairs are compared).
 guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for that side). One
 Target, the same compiled graphs.
 
+``--what scope``: one graph per step whose decoder layers are one compiled region (as shipped,
+eagle/regions.py) against each decoder layer compiled on its own (the way until 870c0cb: 30
+compiled calls per step from transformers' Python, each with inductor's C++ wrapper, guards
+skipped once warm). Two Targets; the per-layer side binds its own copy of the layer's ``forward``
+code, so dynamo keeps their graphs apart.
+
 ``--what asserts``: inductor's size, alignment and scalar checks left out of the step graph's
 Python wrapper (as shipped, ``eagle.target._STEP_OPTIONS``) against inductor's defaults (a
 backend of its own for that side, so dynamo keeps the two graphs apart). Two Targets.
@@ -32,6 +38,7 @@ argmax (``greedy_head: full``). Two Targets; for this one each step is timed to 
 between calls). One Target; only the buckets whose products take the kernel change.
 
     python experiments/perf/compiled_step_ab.py --what guards --sizes 1,4,8,16
+    python experiments/perf/compiled_step_ab.py --what scope --sizes 1,4,8,16
     python experiments/perf/compiled_step_ab.py --what asserts --sizes 1,4,8,16
     python experiments/perf/compiled_step_ab.py --what mkl --sizes 16,32,64
     python experiments/perf/compiled_step_ab.py --what attention --sizes 1,4,8,16
@@ -56,6 +63,7 @@ import argparse
 import contextlib
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -69,6 +77,54 @@ def _cost_curve():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _fresh_forward(fn):
+    """A copy of function ``fn`` with its own code object (dynamo caches graphs per code object)."""
+    out = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def _layerwise_target(model, runtime):
+    """A Target whose compiled CPU steps compile each decoder layer on its own, as eagle/target.py
+    did until 870c0cb: a parameter-sharing copy of the decoder per step whose layers' ``forward``
+    is compiled (one graph for all layers: the layer index a symbolic integer), inductor's C++
+    wrapper, dynamo's guards skipped after each step's first call."""
+    import eagle
+    import eagle.target as et
+    from eagle.attention import sharing_copy
+    from eagle.backends.cpu.packed import PackedLinear
+    from eagle.backends.cpu.regions import layer_hooks_outside
+
+    t = eagle.Target(model, "reference", runtime)
+    code = _fresh_forward(type(model.get_decoder().layers[0]).forward)  # its own dynamo cache
+
+    def compiled_step(size, layers=None):
+        if (size, layers) not in t._steps:
+            base = t._packed_base if size in t.stream_rows | t.onednn_rows else t.base
+            copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
+            for mod in copy_.modules():
+                if isinstance(mod, PackedLinear):
+                    mod.hold_copies()
+            layer_hooks_outside(copy_)
+            for layer in copy_.layers:
+                layer.forward = torch.compile(types.MethodType(code, layer), dynamic=None,
+                                              options={"cpp_wrapper": True})
+            warm = []
+
+            def step(tokens, positions, masks, slots, cache, **kernel):
+                with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=256), \
+                        et._guards_of(bool(warm)):
+                    out = t._run(tokens, positions, cache, masks, layers, base=copy_, cache_slots=slots, **kernel)
+                warm.append(True)
+                return out
+
+            t._steps[(size, layers)] = step
+        return t._steps[(size, layers)]
+
+    t._compiled_step = compiled_step
+    return t
 
 
 def sides(what: str, model, dtype: str):
@@ -87,6 +143,9 @@ def sides(what: str, model, dtype: str):
 
         return {"all guards": (t, set_guards(lambda warm: contextlib.nullcontext())),
                 "warm keys (shipped)": (t, set_guards(real))}
+    if what == "scope":
+        return {"each layer compiled": (_layerwise_target(model, runtime()), lambda: None),
+                "one graph per step (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
     if what == "asserts":
         from torch._inductor.compile_fx import compile_fx
 
@@ -148,7 +207,7 @@ def sides(what: str, model, dtype: str):
         print(f"# buckets on the kernel: {sorted(t.stream_rows)}; default {default}; chosen {chosen}")
         return {"default plan": (t, lambda: cpu_gemm.set_plan(**default)),
                 "chosen plan (shipped)": (t, lambda: cpu_gemm.set_plan(**chosen))}
-    raise SystemExit(f"--what must be guards, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")
+    raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")
 
 
 def step_rows(what, model, dtype, sizes, rounds, prefix) -> list[str]:
@@ -220,7 +279,7 @@ def product_rows(sizes, rounds) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", required=True, choices=["guards", "asserts", "mkl", "attention", "attention-way", "head",
+    ap.add_argument("--what", required=True, choices=["guards", "scope", "asserts", "mkl", "attention", "attention-way", "head",
                                                         "tiles", "plan"])
     ap.add_argument("--sizes", default="1,4,8,16", help="tree tokens (rows with --products)")
     ap.add_argument("--rounds", type=int, default=15)
