@@ -36,7 +36,7 @@ one ``<head>-<budget>`` folder per cell). Resumable: a rerun skips finished cell
 finished stages (train, eval, bench) of a cell, and training resumes from its checkpoint. A budget
 above what the data holds is skipped with a note (rerun once the data stage has made more).
 
-The full curve (a later session; needs >= 2M tokens in ~/.cache/eagle/data/smollm2-selfdistill):
+The full curve (needs >= 2M tokens in ~/.cache/eagle/data/smollm2-selfdistill):
 
     .venv/bin/python experiments/learning_curve.py --report docs/learning_curve.md
 
@@ -877,7 +877,7 @@ def _stop_on_sigterm() -> None:
 
 
 if __name__ == "__main__":
-    from eagle.allocator import use_fast_allocator
+    from eagle.backends.cpu.allocator import use_fast_allocator
 
     use_fast_allocator()  # jemalloc where installed: training steps ~2x faster (eagle/allocator.py)
     _stop_on_sigterm()

@@ -7,7 +7,7 @@ guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for t
 Target, the same compiled graphs.
 
 ``--what scope``: one graph per step whose decoder layers are one compiled region (as shipped,
-eagle/regions.py) against each decoder layer compiled on its own (the way until 870c0cb: 30
+eagle/backends/cpu/regions.py) against each decoder layer compiled on its own (30
 compiled calls per step from transformers' Python, each with inductor's C++ wrapper, guards
 skipped once warm). Two Targets; the per-layer side binds its own copy of the layer's ``forward``
 code, so dynamo keeps their graphs apart.
@@ -48,7 +48,7 @@ between calls). One Target; only the buckets whose products take the kernel chan
     python experiments/perf/compiled_step_ab.py --what tiles --sizes 1,4,8,16
     python experiments/perf/compiled_step_ab.py --what tiles --products --sizes 1,2,4,8,16
 
-``--what plan``: the small-row kernel's settings as first shipped (``cpu_gemm.DEFAULT_PLAN``: 4 KB
+``--what plan``: the small-row kernel's default settings (``cpu_gemm.DEFAULT_PLAN``: 4 KB
 of prefetch, turns for more than 8 rows) against the plan chosen on this machine at load
 (``cpu_gemm.plan()``, switched between calls). One Target, the same graphs.
 
@@ -87,8 +87,8 @@ def _fresh_forward(fn):
 
 
 def _layerwise_target(model, runtime):
-    """A Target whose compiled CPU steps compile each decoder layer on its own, as eagle/target.py
-    did until 870c0cb: a parameter-sharing copy of the decoder per step whose layers' ``forward``
+    """A Target whose compiled CPU steps compile each decoder layer on its own, the alternative
+    to one graph per step: a parameter-sharing copy of the decoder per step whose layers' ``forward``
     is compiled (one graph for all layers: the layer index a symbolic integer), inductor's C++
     wrapper, dynamo's guards skipped after each step's first call."""
     import eagle

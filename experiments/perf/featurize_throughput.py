@@ -1,5 +1,5 @@
 """Feature rebuild throughput (eagle.train.tokens.featurize): MKL's GEMM over batches of <= 4,096
-positions (the former way) against the small-row kernel on a weight-sharing streaming copy over
+positions against the small-row kernel on a weight-sharing streaming copy over
 batches of <= 256 positions (what featurize takes where it measures faster), on the same sequences
 of one committed token-store shard, alternating A/B rounds in one process; also the largest
 difference between the two ways' fp16 features.

@@ -1,5 +1,5 @@
 """EAGLE-3 training step, two ways, on the same real batches in one process (rounds alternate the
-order): SDPA under the explicit TTT mask (the former step) against the structured TTT attention
+order): SDPA under the explicit TTT mask (the reference) against the structured TTT attention
 (eagle.train.eagle3.ttt_attention: causal scores against step 0 plus one dot product per later
 step); with the first batch's loss of each.
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     order = batch_order(len(seqs), cfg.batch_size, cfg.seed, 0, lengths)[: args.steps + 1]
     batches = [recipe.batch([seqs[i] for i in b], b, k, "cpu") for k, b in enumerate(order)]
     init = copy.deepcopy(recipe.module.head.state_dict())
-    ways = {"SDPA under the TTT mask (before)": False, "structured TTT attention (now)": True}
+    ways = {"SDPA under the TTT mask": False, "structured TTT attention (shipped)": True}
 
     def run(name, batch_list):
         structured = ways[name]
@@ -85,10 +85,10 @@ def main(argv=None) -> int:
     med = {n: timed.median(n, 1 / args.steps) for n in names}
     base = med[names[0]]
     for n in names:
-        print(f"{n}: median {med[n]:.2f} s/step ({base / med[n]:.2f}x the former step); first-batch loss {first[n]:.5f}")
+        print(f"{n}: median {med[n]:.2f} s/step ({base / med[n]:.2f}x the masked step); first-batch loss {first[n]:.5f}")
     result = {"command": "python experiments/perf/ttt_step_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "train_dtype": cfg.train_dtype, "seconds_per_step": times, "median": med,
-              "speedup_vs_before": {n: base / med[n] for n in names}, "first_batch_loss": first}
+              "speedup_vs_masked": {n: base / med[n] for n in names}, "first_batch_loss": first}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
