@@ -5,10 +5,11 @@ folded into the query axis at every query length. transformers folds them only f
 queries; a tree of T > 1 nodes under a mask gets its keys and values copied to every query head
 (``repeat_kv``: on SmolLM2-135M, 30 layers x 2 copies of ``(9, prefix, 64)`` per verification
 forward, the largest cost that grows with the tree outside the weight products; see
-docs/results.md). Folded, SDPA reads each KV head once for all its query heads; the mask row of
+docs/cpu-backend.md, gqa-fold). Folded, SDPA reads each KV head once for all its query heads; the mask row of
 query t is the same for every head, so it is repeated along the folded axis.
 
-A Target runs this backend on an *attention view* of the model it is given: a structural copy that
+The CPU backend registers its own form of it (eagle/backends/cpu/attention.py: small masked calls
+through the CPU extension's op first). A Target runs these on an *attention view* of the model it is given: a structural copy that
 shares every parameter and buffer (no weight is copied) and has its own config, so the caller's
 model (and transformers' ``generate`` on it, the benchmarks' baseline) keeps its own attention.
 """
@@ -22,20 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle_kernels import cpu_attention
-
-__all__ = ["FOLD_BELOW", "GQA_SDPA", "attention_view", "folds_gqa", "gqa_sdpa", "register_attention",
+__all__ = ["FOLD_BELOW", "GQA_SDPA", "SCORE_CHANGES", "attention_view", "folds_gqa", "gqa_sdpa", "register_attention",
            "register_gqa_sdpa", "sharing_copy"]
 
 GQA_SDPA = "eagle_gqa_sdpa"
 # Fold only while the folded query axis stays below this: from 192 query rows on, PyTorch's CPU
 # flash kernel splits queries in blocks of 64 instead of 32, and folded 64-node trees (3 KV heads x
 # 3 blocks, against 9 heads x 2 unfolded) measured 0.97-1.07x unfolded on the 2-core machine, where
-# 16-node trees measured 0.88-0.99x (docs/results.md, "K/V copies of grouped-query attention").
+# 16-node trees measured 0.88-0.99x (docs/cpu-backend.md, gqa-fold).
 FOLD_BELOW = 192
 # attention keywords that change the scores or the softmax (soft-capping, position biases, sinks):
 # calls with any of them keep transformers' SDPA
-_SCORE_CHANGES = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")
+SCORE_CHANGES = ("softcap", "position_bias", "s_aux", "sinks", "head_mask")
 _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {implementation: view}
 
 
@@ -51,23 +50,14 @@ def register_attention(name: str, fn) -> str:
     return name
 
 
-def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, cpu_op=True,
-             **kwargs):
+def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """SDPA over ``query (B, Hq, T, D)``, ``key/value (B, Hkv, S, D)`` with the ``Hq / Hkv`` query
     heads of each KV head folded into the query axis; returns ``((B, T, Hq, D), None)`` as
-    transformers' ``sdpa_attention_forward``. Three ways: on the CPU, calls of at most 64 query
-    rows with a boolean mask take ``kernels/cpu_attention.py``'s op (the same folding, keys cut
-    after the last one any row sees); other foldable calls run SDPA here; transformers'
-    ``sdpa_attention_forward`` takes every call the folding does not apply to (no grouping,
-    ``FOLD_BELOW`` folded query rows or more, no mask, a per-head mask, soft-capping, position
-    biases, attention weights asked for). ``cpu_op=False``: never the CPU op (for A/Bs)."""
+    transformers' ``sdpa_attention_forward``, which takes every call the folding does not apply to
+    (no grouping, ``FOLD_BELOW`` folded query rows or more, no mask, a per-head mask, soft-capping,
+    position biases, attention weights asked for)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (cpu_op and dropout == 0.0 and not any(kwargs.get(k) is not None for k in _SCORE_CHANGES) and not kwargs.get("output_attentions")
-            and cpu_attention.applies(query, key, value, attention_mask)):
-        # CPU, few rows, a boolean mask: SDPA over the filled part of the cache only (the keys after
-        # the last one any row sees are cut off; kernels/cpu_attention.py)
-        return cpu_attention.masked_attention(query, key, value, attention_mask, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     plain = (groups == 1 or groups * query.shape[2] >= FOLD_BELOW
              or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
@@ -88,7 +78,6 @@ def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
 
 def register_gqa_sdpa() -> str:
     """Register (once) and return the ``eagle_gqa_sdpa`` backend (:func:`gqa_sdpa`)."""
-    cpu_attention.available()  # builds / loads the CPU op now, not while a step is being traced
     return register_attention(GQA_SDPA, gqa_sdpa)
 
 

@@ -144,7 +144,7 @@ class _Conversations:
 def run_bench(model, tokenizer, prompts: list, configs: list[DecodeConfig], max_new_tokens: int = 128,
               temperature: float = 0.0, top_p: float = 1.0, target_name: str = "", on_update=None,
               on_compiled=None, records: dict | None = None, on_record=None) -> dict:
-    """Run the benchmark and return the result dict (see docs/results.md for the fields).
+    """Run the benchmark and return the result dict (its fields: docs/architecture.md, "The bench JSON").
 
     ``prompts``: strings (one-turn questions) or :class:`~eagle.prompts.Question` rows (several
     turns, a category); every turn is one timed generation of up to ``max_new_tokens`` tokens (an
@@ -339,7 +339,7 @@ def draft_precisions(decoders: dict, configs) -> dict[str, str]:
     """For each config with ``drafter.dtype: auto``, the precision its drafter took on this machine
     (eagle.heads.drafter.fastest_dtype), e.g. ``{"eagle2-cpu": "bfloat16"}``."""
     return {cfg.name: str(decoders[cfg.name].drafter.dtype).removeprefix("torch.")
-            for cfg in configs if cfg.drafter.dtype == "auto" and cfg.name in decoders}
+            for cfg in configs if getattr(cfg.drafter.options, "dtype", "") == "auto" and cfg.name in decoders}
 
 
 def format_compile(compile_s: dict) -> str:

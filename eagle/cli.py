@@ -148,22 +148,13 @@ def _check_output_file(path: str) -> None:
 def _check_drafters(configs) -> None:
     """Heads and distilled draft models named by the configs are read (config and weight header)
     before the target loads."""
-    from .draft_model import check_draft_model, is_draft_model
-    from .heads import check_head
+    from .config import ConfigError
 
     for cfg in configs:
-        if cfg.drafter.type in ("eagle", "eagle3"):
-            check_head(cfg.drafter.head)
-        elif cfg.drafter.type == "medusa":
-            from .config import ConfigError
-            from .heads.medusa import check_medusa, tree_depth
-
-            k, depth = check_medusa(cfg.drafter.head).num_heads, tree_depth(cfg.tree)
-            if depth > k:
-                raise ConfigError(f"{cfg.name}: tree depth {depth} needs {depth} Medusa heads, {cfg.drafter.head} "
-                                  f"has {k}")
-        elif cfg.drafter.type == "model" and is_draft_model(cfg.drafter.model):
-            check_draft_model(cfg.drafter.model)
+        try:
+            cfg.drafter.cls.check_files(cfg.tree, cfg.drafter.options)  # eagle.Drafter.check_files
+        except ValueError as e:  # a missing or broken checkpoint, a tree it cannot draft
+            raise ConfigError(f"{cfg.name}: {e}") from None
 
 
 def _quiet_transformers() -> None:
@@ -483,8 +474,8 @@ def main(argv=None) -> int:
 
 
 def run() -> int:
-    """The ``eagle`` command: :func:`main` under jemalloc where it is installed (eagle/allocator.py)."""
-    from .allocator import use_fast_allocator
+    """The ``eagle`` command: :func:`main` under jemalloc where it is installed (eagle/backends/cpu/allocator.py)."""
+    from .backends.cpu.allocator import use_fast_allocator
 
     use_fast_allocator()
     return main()

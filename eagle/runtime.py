@@ -1,38 +1,30 @@
-"""How the target's forward runs: cache kind, node-count buckets, precision, compilation.
+"""How the target's forward runs: backend, cache kind, node-count buckets, precision, compilation.
 
 The ``runtime:`` section of a decoding config::
 
     runtime:
+      backend: auto        # auto | eager | cpu | cuda: how forwards run fast here (eagle/backends;
+                           # auto: cuda on CUDA, cpu on an x86 CPU where its extension builds, else eager)
       cache: static        # static: preallocated KV written by slot | dynamic: transformers' DynamicCache
       buckets: [1, 4, 8, 16, 32, 64]   # static: trees are padded to the next bucket (fixed shapes);
                                        # a decoder cuts them at its largest tree (RuntimeConfig.fitted)
       dtype: ""            # "" = the model as loaded | float32 | bfloat16 | float16
-      compile: false       # compile each bucket's step (CPU: one graph, each decoder layer one compiled region; GPU: CUDA graphs)
-      packed_linear: true  # CPU: per bucket the fastest GEMM: F.linear, MKL's packed GEMM or the small-row kernel
-                           # (float32); F.linear, oneDNN on packed copies or the kernel's bf16 form (bfloat16)
-      greedy_head: screened  # greedy steps, float32 head on the CPU: its exact argmax through a bfloat16
-                             # screen (kernels/cpu_argmax.py) | full: every logit, then argmax
+      compile: false       # compile each bucket's step (the backend's way: one graph per step)
+      packed_linear: true  # cpu backend: per bucket the fastest GEMM for the decoder's linear layers,
+                           # measured at start-up (F.linear, MKL's packed GEMM, the small-row kernel, oneDNN)
+      greedy_head: screened  # greedy steps: the exact argmax without every logit where the backend has a
+                             # way (cpu: a bfloat16 screen of the head) | full: every logit, then argmax
 
-Defaults were chosen by measurement on the 2-core CPUs this project is developed on
-(docs/results.md, "The fast target path", "Compiled decoder layers", "One graph per step").
-Compiling the whole step layer by layer cost 55-80 s per bucket there; a compiled CPU step is now
-one graph whose decoder layers are one compiled region (eagle/regions.py): ~11-20 s per bucket,
-and a step costs 0.84-0.89x what compiling each layer on its own did on the Intel Xeon with AMX
-(which cost 0.82-0.91x the eager step on the AMD EPYC Zen 3). Still off by default (tests and short
-runs would pay the compile); the shipped CPU config ``eagle2-cpu.yaml`` turns it on. The packed GEMM made the layer products of 4-32-row steps 2.1-3.1x
-faster on an Intel Xeon and 6-22% slower on an AMD EPYC, where the small-row kernel
-(kernels/cpu_gemm.py) ran them 2x faster than ``F.linear`` instead; so ``packed_linear: true``
-takes, per bucket, the way a measurement at start-up (``eagle.packed.linear_ways``, ~1 s) finds
-fastest. A greedy step needs only each row's argmax of the LM head (the largest product of a
-float32 step: 113 of SmolLM2's 538 MB); ``greedy_head: screened`` reads a bfloat16 copy of it and
-recomputes the few tokens that copy cannot rule out, which gives the exact argmax (docs/kernels.md).
+``compile`` is off by default (tests and short runs would pay the compile); the shipped CPU
+configs turn it on. Why each CPU default is what it is: docs/cpu-backend.md.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-__all__ = ["RuntimeConfig", "CACHES", "GREEDY_HEADS", "DTYPES", "DEFAULT_BUCKETS", "cpu_flags", "native_bf16"]
+__all__ = ["RuntimeConfig", "BACKENDS", "CACHES", "GREEDY_HEADS", "DTYPES", "DEFAULT_BUCKETS"]
 
+BACKENDS = ("auto", "eager", "cpu", "cuda")  # eagle.backends.BACKENDS (kept here: no torch import for configs)
 CACHES = ("static", "dynamic")
 GREEDY_HEADS = ("screened", "full")
 DTYPES = ("float32", "bfloat16", "float16")  # weight precisions a config may name
@@ -45,6 +37,7 @@ class RuntimeConfig:
     """See the module docstring. ``buckets`` must be increasing positive sizes; a tree larger than
     the last bucket runs at its own size (one more shape)."""
 
+    backend: str = "auto"
     cache: str = "static"
     buckets: list[int] = field(default_factory=lambda: list(DEFAULT_BUCKETS))
     dtype: str = ""
@@ -53,6 +46,8 @@ class RuntimeConfig:
     greedy_head: str = "screened"
 
     def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"runtime.backend must be one of {BACKENDS}, got '{self.backend}'")
         if self.cache not in CACHES:
             raise ValueError(f"runtime.cache must be one of {CACHES}, got '{self.cache}'")
         if self.dtype not in RUNTIME_DTYPES:
@@ -88,24 +83,3 @@ class RuntimeConfig:
             if b >= n:
                 return b
         return n
-
-
-def native_bf16(device="cpu", cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether bfloat16 products run natively on ``device``: CUDA, or a CPU whose flags include
-    AVX512-BF16 or AMX-BF16 (measured on such an AMD EPYC: bf16 layer products 1.6-1.9x faster than
-    float32 for 1-96 rows; on an Intel Xeon without them, 2-3x slower)."""
-    import torch
-
-    if torch.device(device).type == "cuda":
-        return True
-    flags = cpu_flags(cpuinfo)
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The CPU's feature flags from ``cpuinfo`` (empty where it cannot be read)."""
-    try:
-        with open(cpuinfo) as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()

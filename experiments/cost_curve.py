@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import eagle
 
-    from eagle.cliargs import positive_ints
+    from eagle_kernels.cliargs import positive_ints
 
     try:
         sizes = positive_ints(args.sizes, "--sizes")

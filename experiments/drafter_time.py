@@ -247,7 +247,7 @@ def main(argv=None) -> None:
         if not compiled:
             eager_tokens = trees[-1].tokens
         from eagle.draft import build_drafter
-        from eagle.lmhead import project
+        from eagle.backends.cpu.lmhead import project
         from eagle.target import Target
 
         lm_w = build_drafter(cfg, Target(model, cfg.attention)).lm_w  # (Vd, H) in this dtype

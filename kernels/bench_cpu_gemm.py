@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 import torch.nn.functional as F
 
-from eagle.cliargs import positive_ints
+from eagle_kernels.cliargs import positive_ints
 from eagle_kernels import cpu_gemm
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]

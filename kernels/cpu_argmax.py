@@ -33,23 +33,25 @@ import threading
 
 import torch
 
-from eagle.weightmemo import WeightMemo
+from .onednn import onednn_available, onednn_pack
+from .timing import timed_pass
+from .weightmemo import WeightMemo
 
 from . import cpu_gemm
 
-__all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAY", "applies", "available", "measurements", "pack_pairs", "screened_argmax",
+__all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAYS", "applies", "available", "measurements", "pack_pairs", "screened_argmax",
            "screened_argmax_reference", "way"]
 
 # rows up to which the kernel's screen pays (float32 arithmetic on the widened bf16 copy, bound by
 # arithmetic, not by the bytes it saves, from ~64 rows: SmolLM2, compiled steps, Intel Xeon with AMX:
 # 0.93x the step's time at 1 row, 0.96x at 16, 0.98x at 32, 1.01x at 64;
-# `experiments/compiled_step_ab.py --what head`, before the oneDNN screen)
+# `experiments/perf/compiled_step_ab.py --what head`, before the oneDNN screen)
 KERNEL_MAX_ROWS = 32
 # rows the op takes at most where oneDNN's screen is available (KERNEL_MAX_ROWS where it is not)
 MAX_ROWS = 256
-# which screen: "measure" (the fastest on this machine, per row bucket), "kernel", "onednn" or "dot"
-# (tests; "onednn" and "dot" fall back to the kernel where they are not available)
-WAY = "measure"
+# which screen a call asks for: "measure" (the fastest on this machine, per row bucket), "kernel",
+# "onednn" or "dot" ("onednn" and "dot" fall back to the kernel where they are not available)
+WAYS = ("measure", "kernel", "onednn", "dot")
 
 _OPS: dict[str, object] = {}  # op name -> torch.ops.<extension name>.<op> (None: not built)
 _ONEDNN: bool | None = None  # whether the oneDNN screen runs here (None: not asked yet)
@@ -72,7 +74,6 @@ def _onednn() -> bool:
     """Whether the oneDNN screen runs here (asked once: every greedy step asks)."""
     global _ONEDNN
     if _ONEDNN is None:
-        from eagle.packed import onednn_available  # here: eagle.packed imports this package
 
         _ONEDNN = onednn_available() and _op("screened_argmax_held") is not None
     return _ONEDNN
@@ -144,7 +145,6 @@ def _held(weight: torch.Tensor) -> cpu_gemm.HeldWeight:
     """The oneDNN screen's packed bfloat16 copy of ``weight``, in the extension's table."""
     held = _HELD.get(weight)
     if held is None:
-        from eagle.packed import onednn_pack
 
         with _LOCK, torch.no_grad():
             held = _HELD.put(weight, cpu_gemm.HeldWeight(onednn_pack(weight.detach().to(torch.bfloat16))))
@@ -172,25 +172,26 @@ def _ways(bucket: int) -> list[str]:
     return ["kernel"] + (["onednn"] if _onednn() else []) + (["dot"] if _dot() else [])
 
 
-def way(rows: int, weight: torch.Tensor) -> str:
+def way(rows: int, weight: torch.Tensor, choice: str = "measure") -> str:
     """Which screen takes ``rows`` rows against ``weight`` (V, K): ``"kernel"``, ``"onednn"`` or
-    ``"dot"``. With :data:`WAY` ``"measure"``, those this machine has are timed once per process,
+    ``"dot"``. With ``choice`` ``"measure"``, those this machine has are timed once per process,
     head shape and row bucket (the power of two >= rows; best of 3, interleaved, on random rows)
     and the fastest is kept; only ``"onednn"`` past :data:`KERNEL_MAX_ROWS` rows. A forced
-    :data:`WAY` this machine lacks falls back to ``"kernel"``."""
+    ``choice`` (one of :data:`WAYS`) this machine lacks falls back to ``"kernel"``."""
+    if choice not in WAYS:
+        raise ValueError(f"screened argmax way must be one of {WAYS}, got '{choice}'")
     bucket = _bucket(rows)
     ways = _ways(bucket)
-    if WAY != "measure":
-        return WAY if WAY in ways else ways[0]
+    if choice != "measure":
+        return choice if choice in ways else ways[0]
     if len(ways) == 1:
         return ways[0]
     key = (*weight.shape, bucket)
     if key not in _MEASURED:
-        from eagle.packed import _timed_pass  # here: eagle.packed imports this package
 
         x = torch.randn(bucket, weight.shape[1], generator=torch.Generator().manual_seed(0))
         # the warm-up call of each makes its copy
-        ms = dict(zip(ways, (1000 * t for t in _timed_pass([lambda n=n: _run(n, x, weight) for n in ways], 3))))
+        ms = dict(zip(ways, (1000 * t for t in timed_pass([lambda n=n: _run(n, x, weight) for n in ways], 3))))
         _MEASURED[key] = {**{f"{n}_ms": ms[n] for n in ways}, "way": min(ms, key=ms.get)}
     return _MEASURED[key]["way"]
 
@@ -201,14 +202,14 @@ def measurements() -> dict[tuple, dict]:
     return dict(_MEASURED)
 
 
-def screened_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def screened_argmax(hidden: torch.Tensor, weight: torch.Tensor, choice: str = "measure") -> torch.Tensor:
     """``argmax_j hidden[t] . weight[j]`` for every row -> ``(T,)`` int64: the argmax of the exact
     logits ``hidden (T, K) @ weight (V, K).T`` (module docstring), through the screen :func:`way`
-    picks. Falls back to :func:`screened_argmax_reference` where :func:`applies` is false, and for
+    picks (``choice``: see there). Falls back to :func:`screened_argmax_reference` where :func:`applies` is false, and for
     rows that are not finite."""
     if not applies(hidden, weight):
         return screened_argmax_reference(hidden, weight)
-    best = _run(way(hidden.shape[0], weight), hidden, weight)  # (T,); -1: a row whose screen is not finite
+    best = _run(way(hidden.shape[0], weight, choice), hidden, weight)  # (T,); -1: a row whose screen is not finite
     bad = best < 0
     if bool(bad.any()):
         best[bad] = screened_argmax_reference(hidden[bad], weight)

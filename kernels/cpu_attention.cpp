@@ -9,13 +9,13 @@
 // cut off (the mask scanned from the end) and the rest goes, in float32 on AVX-512 builds, to the
 // tiled loop below, else to the same SDPA in its grouped-query form (no K/V copies). On SmolLM2-135M (3 KV heads, 512 slots, 300 filled; 30 layers' buffers in
 // turn) that took 0.77x / 0.75x / 0.68x the time of SDPA on the whole buffer with the query heads
-// folded (eagle/attention.py) for 1 / 4 / 16 rows (docs/kernels.md). An op of its own because the
+// folded (eagle/attention.py) for 1 / 4 / 16 rows (docs/cpu-backend.md, attention-cut). An op of its own because the
 // cut is data-dependent: in a graph it would be a host sync and a new shape every step.
 //
 // A hand-written loop per query row (dot products, ATen's vectorized exp, weighted sum of value
 // rows) measured 0.7-0.9x SDPA's time at one row but 1.4-3.7x at 4-64 rows, and was dropped; the
 // tiled loop (query rows in the vector lanes, keys as the rows of the products) replaced SDPA for
-// float32 (docs/kernels.md).
+// float32 (docs/cpu-backend.md, attention-tiled-f32).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -35,7 +35,7 @@
 namespace {
 
 // 0: float32 calls on AVX-512 take the tiled loop below, others SDPA; 1: every call SDPA (for A/Bs:
-// experiments/compiled_step_ab.py --what attention-way)
+// experiments/perf/compiled_step_ab.py --what attention-way)
 int64_t attention_way_setting = 0;
 // bfloat16 calls through the tiled loop too (their values widened to float32 as they are read), where
 // cpu_attention.py measured it faster than SDPA's bf16 kernel on this machine; else SDPA

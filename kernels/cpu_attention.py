@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_gemm
+from .timing import MARGIN, timed_pass
 
 __all__ = ["MAX_ROWS", "WAYS", "applies", "available", "bf16_way", "masked_attention", "masked_attention_reference",
            "set_bf16_way", "set_way", "way"]
@@ -39,6 +40,20 @@ _OP = None  # torch.ops.<extension name>.masked_attention, once its shape functi
 WAYS = ("tiled", "sdpa")
 
 
+_BF16_CHOSEN = False  # whether _choose_bf16_way ran for the loaded extension
+
+
+def _ext():
+    """The extension this op lives in (``cpu_gemm``'s build), with how bfloat16 calls run chosen
+    once for this machine (:func:`_choose_bf16_way`); ``None`` where it does not build."""
+    global _BF16_CHOSEN
+    ext = cpu_gemm._load()
+    if ext is not None and not _BF16_CHOSEN:
+        _BF16_CHOSEN = True
+        _choose_bf16_way(ext)
+    return ext
+
+
 def available() -> bool:
     """Whether the op runs on this machine (the CPU extension built)."""
     return _op() is not None
@@ -50,7 +65,8 @@ def _op():
         def fake(q, k, v, mask, scale):
             return q.new_empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])  # (B, T, Hq, D)
 
-        _OP = cpu_gemm.extension_op("masked_attention", fake)
+        if _ext() is not None:
+            _OP = cpu_gemm.extension_op("masked_attention", fake)
     return _OP
 
 
@@ -59,14 +75,14 @@ def set_way(name: str) -> None:
     (default) or ``"sdpa"``. A ValueError names a bad one; nothing happens without the extension."""
     if name not in WAYS:
         raise ValueError(f"attention way must be one of {WAYS}, got '{name}'")
-    ext = cpu_gemm._load()
+    ext = _ext()
     if ext is not None:
         getattr(torch.ops, ext.__name__).set_attention_way(WAYS.index(name))
 
 
 def way() -> str | None:
     """The way :func:`set_way` set (``None`` without the extension)."""
-    ext = cpu_gemm._load()
+    ext = _ext()
     return None if ext is None else WAYS[getattr(torch.ops, ext.__name__).attention_way()]
 
 
@@ -76,7 +92,7 @@ def set_bf16_way(name: str) -> None:
     (:func:`_choose_bf16_way`). A ValueError names a bad one; nothing happens without the extension."""
     if name not in WAYS:
         raise ValueError(f"attention way must be one of {WAYS}, got '{name}'")
-    ext = cpu_gemm._load()
+    ext = _ext()
     if ext is not None:
         getattr(torch.ops, ext.__name__).set_attention_bf16_tiled(name == "tiled")
 
@@ -84,7 +100,7 @@ def set_bf16_way(name: str) -> None:
 def bf16_way() -> str | None:
     """How the op computes bfloat16 calls here, ``"tiled"`` or ``"sdpa"`` (``None`` without the
     extension); float32 calls follow :func:`way`, and ``way() == "sdpa"`` sends every call to SDPA."""
-    ext = cpu_gemm._load()
+    ext = _ext()
     return None if ext is None else ("tiled" if getattr(torch.ops, ext.__name__).attention_bf16_tiled() else "sdpa")
 
 
@@ -93,12 +109,11 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
     extension module ``ext``): ``EAGLE_CPU_ATTENTION_BF16=tiled|sdpa`` if set, else the faster of the
     two over SmolLM2-shaped calls (9 query heads on 3 KV heads of 64 dims, 300 keys seen in a 512-slot
     buffer, 1, 16 and 64 rows; interleaved, best of ``repeats``, ~0.1 s), SDPA unless the loop is
-    faster by ``eagle.packed.MARGIN``; kept beside the build (``attention-<threads>t.json``). On the
+    faster by ``timing.MARGIN``; kept beside the build (``attention-<threads>t.json``). On the
     AMD EPYC Zen 5 the loop took 25 against 133 us at one row and 46 against 120 at 16; on the Intel
     Xeon with AMX SDPA's bf16 kernel (AMX) had been as fast at 1 and 16 rows and 1.11x faster at 64."""
     import os
 
-    from eagle.packed import MARGIN, _timed_pass
 
     ops = getattr(torch.ops, ext.__name__)
     forced = os.environ.get("EAGLE_CPU_ATTENTION_BF16")
@@ -128,7 +143,7 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
         return fn
 
     with torch.no_grad():
-        sdpa_s, tiled_s = _timed_pass([run(False), run(True)], repeats)
+        sdpa_s, tiled_s = timed_pass([run(False), run(True)], repeats)
     chosen = "tiled" if tiled_s < (1 - MARGIN) * sdpa_s else "sdpa"
     ops.set_attention_bf16_tiled(chosen == "tiled")
     save(bf16=chosen, ms={"sdpa": 1e3 * sdpa_s, "tiled": 1e3 * tiled_s})

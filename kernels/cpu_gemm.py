@@ -1,12 +1,10 @@
 """A float32 (or bfloat16) linear layer for few rows on x86 CPUs with AVX-512 or AVX2 + FMA (``cpu_gemm.cpp`` beside this file).
 
-A decoding step multiplies 1-32 rows (one token, a padded tree) by every weight of the model. On
-the 2-core machines this project is developed on, MKL's GEMM streams the weights at 11-16 GB/s
-there, a third of what the memory delivers; every step is bound by it. The C++ loop here streams
-each weight once at near the memory's speed and keeps the x rows in L1 (SmolLM2-135M's 211
-products, 2 threads, AMD EPYC: 1 row 20.5 ms against 42.1 for ``F.linear``, 8 rows 21.9 against
-55.6, 16 rows 30.4 against 74.8; ``python kernels/bench_cpu_gemm.py``, docs/results.md). Callers choose it by measurement per row
-count (``eagle.packed``, ``eagle.lmhead``), since which GEMM wins depends on the machine.
+A decoding step multiplies 1-32 rows (one token, a padded tree) by every weight of the model, and
+MKL's GEMM streams the weights at a fraction of the memory's speed at those row counts, so the
+step is bound by it. The C++ loop here streams each weight once at near the memory's speed and
+keeps the x rows in L1 (docs/cpu-backend.md, small-row-gemm). Callers choose it by measurement per
+row count (the CPU backend: ``eagle/backends/cpu``), since which GEMM wins depends on the machine.
 
 Three things, as for the Triton kernel:
 
@@ -16,16 +14,15 @@ Three things, as for the Triton kernel:
 * :func:`available` / :func:`unavailable_reason`: whether this machine has it. The extension is
   compiled on first use with the system C++ compiler and ninja (a dependency of the package; ~20 s,
   once per machine and source: cached under ``$EAGLE_CACHE/torch_extensions``), only on CPUs whose
-  flags include AVX-512F (the zmm build) or AVX2 and FMA (the ymm build, e.g. AMD Zen 3); both
+  flags include AVX-512F (the zmm build) or AVX2 and FMA (the ymm build); both
   builds compute every output by the same chain of FMAs, so they give the same bits (:func:`isa`
   says which one runs).
 
 bfloat16 weights and x take the same float32 FMA chain on their (exactly) widened values, the
-weights streamed at half the bytes, and the result is rounded to bf16 once. (A first bf16 form,
-tiles with ``vdpbf16ps`` on the AMD EPYC Zen 4, measured slower than oneDNN's bf16 GEMM there and was
-removed; this one beat oneDNN on packed copies for 1-8 rows on the Intel Xeon with AMX, and callers
-choose by measurement.) :class:`HeldWeight` / :func:`held_op` let compiled graphs call oneDNN on
-packed bf16 copies, which they cannot take as inputs.
+weights streamed at half the bytes, and the result is rounded to bf16 once; callers choose it or
+oneDNN per row count by measurement (docs/cpu-backend.md, gemm-bf16-form). :class:`HeldWeight` /
+:func:`held_op` let compiled graphs call oneDNN on packed bf16 copies, which they cannot take as
+inputs.
 
 A row's result does not depend on the other rows of the call (same chain of FMAs per output),
 which keeps a tree's products bitwise equal to the one-token products of the same rows.
@@ -43,8 +40,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle.runtime import cpu_flags as _cpu_flags
-from eagle.weightmemo import WeightMemo
+from .cpuinfo import cache_dir
+from .cpuinfo import cpu_flags as _cpu_flags
+from .timing import MARGIN, timed_pass
+from .weightmemo import WeightMemo
 
 __all__ = ["available", "extension_op", "isa", "plan", "set_plan", "tile_blocks", "unavailable_reason", "small_linear", "small_linear_reference", "supports", "packed_weight",
            "packed_op", "HeldWeight", "held_op", "held_mkl_op"]
@@ -79,7 +78,6 @@ def _build(variant: str = "", defines: tuple[str, ...] = (), source: Path = _SOU
 
     from torch.utils.cpp_extension import load
 
-    from eagle.models import cache_dir
 
     # torch runs `ninja` from PATH: the one pip installed beside this interpreter counts too
     bindir = str(Path(sys.executable).parent)
@@ -123,9 +121,6 @@ def _load():
                 warnings.warn(f"eagle: small-row CPU GEMM off ({_REASON})", RuntimeWarning, stacklevel=3)
             if _EXT is not None:  # outside the build's except: a bad EAGLE_CPU_GEMM_* setting is its own error
                 _choose_plan(_EXT)
-                from .cpu_attention import _choose_bf16_way  # the attention op lives in this extension
-
-                _choose_bf16_way(_EXT)
         _TRIED = True
     return _EXT
 
@@ -196,12 +191,9 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
     force (:func:`_forced_plan`). Calls of up to 8 rows: tile width x prefetch distance, timed at 1
     and 8 rows; calls of more: turns or one-block tiles x prefetch distance, timed at 16 rows; each
     over ``mbytes`` of weights (more than the last-level cache, as a decoding step streams them),
-    interleaved, best of ``repeats`` (as ``eagle.packed``'s start-up choices). A setting other than
-    :data:`DEFAULT_PLAN`'s is taken only where it is faster by ``eagle.packed.MARGIN``. What wins
-    differs by machine: three-block tiles and turns on an Intel Xeon with AMX; on the AMD EPYC Zen 5
-    one-block tiles, and for 16 rows one-block tiles with 16 KB of prefetch (0.88x the time of turns
-    with 4 KB; docs/results.md)."""
-    from eagle.packed import MARGIN, _timed_pass
+    interleaved, best of ``repeats`` (:func:`timing.timed_pass`). A setting other than
+    :data:`DEFAULT_PLAN`'s is taken only where it is faster by ``timing.MARGIN``. What wins
+    differs by machine (docs/cpu-backend.md, gemm-plan)."""
 
     forced = _forced_plan(ext)  # checked first: a bad value is an error even where a record exists
     top = int(getattr(ext, "MAX_TILE_BLOCKS", 1))
@@ -233,7 +225,7 @@ def _choose_plan(ext, repeats: int = 3, mbytes: int = 640) -> dict[str, int]:
                             ext.packed_linear(xs[r], p, n, None)
                 return fn
 
-            times = _timed_pass([run((1, 8), width=w, prefetch=p) for w, p in few]
+            times = timed_pass([run((1, 8), width=w, prefetch=p) for w, p in few]
                                 + [run((16,), turns=t, prefetch_many=p) for t, p in many], repeats)
         t_few, t_many = dict(zip(few, times)), dict(zip(many, times[len(few):]))  # seconds per option
 
@@ -346,7 +338,7 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """``x (..., K) @ weight (N, K).T + bias -> (..., N)`` through the AVX-512 / AVX2 kernel where it applies
     (float32 CPU tensors, no autograd, kernel available), else :func:`small_linear_reference`.
     Meant for few rows: it reads each weight once but keeps all rows' work on the vector units,
-    so from some row count on (machine-dependent, ~32-64 here) MKL's GEMM is faster. The first call
+    so from some row count on (machine-dependent; docs/cpu-backend.md, small-row-gemm) MKL's GEMM is faster. The first call
     with a weight packs it (:func:`packed_weight`)."""
     ext = _load()
     if ext is None or not supports(x, weight) or (bias is not None and bias.dtype != x.dtype):
@@ -384,7 +376,7 @@ def _register_op(ext) -> None:
 
 def packed_op(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x (..., K) @ w.T + bias -> (..., n)`` against ``packed = packed_weight(w)``, through the
-    extension's dispatcher op: for compiled graphs that hold the packed copy (``eagle.packed``),
+    extension's dispatcher op: for compiled graphs that hold the packed copy (the CPU backend's packed twin),
     where the op costs a C++ dispatch per call instead of :func:`small_linear_op`'s Python one."""
     if _OP is None:
         raise RuntimeError(f"the small-row kernel is not available: {unavailable_reason()}")

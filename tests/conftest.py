@@ -157,14 +157,17 @@ def _one_thread():
 
 @pytest.fixture(autouse=True, scope="session")
 def _packed_gemm_always():
-    """Buckets >= 4 always take MKL's packed GEMM in tests (eagle.packed.DECIDE): whether it pays is
+    """The CPU backends the suite makes take MKL's packed GEMM for buckets >= 4 without timing it
+    (``EAGLE_CPU_LINEAR=always``, the default of ``CpuBackend(linear=...)``): which GEMM wins is
     measured at run time otherwise, and tests must not depend on timings (tests/test_packed.py
-    tests the measurement)."""
-    import eagle.packed as pk
-
-    old, pk.DECIDE = pk.DECIDE, "always"
+    tests the measurement through explicit arguments)."""
+    old = os.environ.get("EAGLE_CPU_LINEAR")
+    os.environ["EAGLE_CPU_LINEAR"] = "always"
     yield
-    pk.DECIDE = old
+    if old is None:
+        os.environ.pop("EAGLE_CPU_LINEAR", None)
+    else:
+        os.environ["EAGLE_CPU_LINEAR"] = old
 
 
 _MODEL_CACHE: dict = {}

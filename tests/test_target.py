@@ -10,6 +10,7 @@ import torch._dynamo
 
 from eagle import Target, TreeDecoder
 from eagle.draft import NoDrafter, SelfDrafter, TreeShape
+from eagle.backends.cpu import CpuBackend
 from eagle.kv import SlotCache
 from eagle.runtime import RuntimeConfig
 from eagle.target import pad_tree
@@ -278,13 +279,13 @@ def test_greedy_argmax_without_the_logits_equals_theirs(arch, cache_kind, way, t
     ``greedy_head: full`` computes them."""
     if way == "onednn" and not (cpu_argmax.available() and cpu_argmax._onednn()):
         pytest.skip("no oneDNN bfloat16 GEMM")
-    monkeypatch.setattr(cpu_argmax, "WAY", way)
     model = tiny_model(arch)
     gen = torch.Generator().manual_seed(arch_seed(arch) + 40)
     prefix = torch.randint(0, V, (PREFIX,), generator=gen)
     tree = deep_random_tree(gen)
     for head in ("screened", "full"):
-        target = Target(model, "reference", RuntimeConfig(cache=cache_kind, greedy_head=head))
+        target = Target(model, "reference", RuntimeConfig(cache=cache_kind, greedy_head=head),
+                        backend=CpuBackend(argmax=way))
         screened = head == "screened" and cpu_argmax.available() and not target.softcap
         cache = target.new_cache()
         first = target.prefill(prefix, cache)
@@ -439,11 +440,11 @@ def test_compiled_steps_equal_eager(tiny_model, tmp_path, monkeypatch, attention
         assert not slot_calls
 
 
-def _eager_and_compiled(model, buckets, prefix):
+def _eager_and_compiled(model, buckets, prefix, **cpu):
     """An eager and a compiled Target of ``model`` (``buckets``), each with a cache holding ``prefix``:
-    ``(eager, compiled, eager cache, compiled cache)``."""
+    ``(eager, compiled, eager cache, compiled cache)``; ``cpu``: the compiled one's CPU backend options."""
     eager = Target(model, "reference", RuntimeConfig(buckets=buckets))
-    comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True))
+    comp = Target(model, "reference", RuntimeConfig(buckets=buckets, compile=True), backend=CpuBackend(**cpu))
     ce, cc = eager.new_cache(64), comp.new_cache(64)
     eager.prefill(prefix, ce)
     comp.prefill(prefix, cc)
@@ -472,7 +473,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
             raise RuntimeError("no C++ compiler")
         return fail
 
-    monkeypatch.setattr(comp, "_regions", broken)
+    monkeypatch.setattr(comp.backend, "_regions", broken)
     with pytest.warns(RuntimeWarning, match="compiling the 8-node step failed .*no C.. compiler.*eagerly"):
         _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))
     _same_step(eager, comp, ce, cc, make_random_tree(6, V, gen), len(prefix))  # stays eager, no warning
@@ -481,7 +482,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(tiny_model, monkeypatch):
 
 def test_a_compiled_cpu_target_leaves_the_heads_levels_eager():
     """The head's tree levels are compiled with the target's steps on GPU only (on the CPU they
-    measured no faster than eager ones, docs/results.md)."""
+    measured no faster than eager ones, docs/cpu-backend.md)."""
     from eagle.heads.drafter import EagleDrafter
 
     from conftest import make_tiny_head_target, random_head
@@ -520,13 +521,12 @@ def test_compiled_steps_keep_compiling_past_dynamos_default_limit(tiny_model, tm
     model = tiny_model("llama")
     # first, MKL's packed copies of another bucket in the model's shared twin: the compiled layers'
     # copy of the twin shares them (they are opaque tensors, which cannot be deep-copied)
-    monkeypatch.setattr("eagle.packed.DECIDE", "always")
-    other = Target(model, "reference", RuntimeConfig(buckets=[16]))
+    other = Target(model, "reference", RuntimeConfig(buckets=[16]), backend=CpuBackend(linear="always"))
     other_cache = other.new_cache(64)
     other.prefill(torch.arange(1, 10) % V, other_cache)
     other.tree_forward(make_random_tree(16, V, torch.Generator().manual_seed(1)), other_cache)
-    if cpu_gemm.available():  # the twin's products specialize every bucket: the most graphs
-        monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
+    # the twin's products through the kernel specialize every bucket: the most graphs
+    way = "stream" if cpu_gemm.available() else "always"
     hit = []
     real = cf.exceeds_recompile_limit
 
@@ -536,13 +536,13 @@ def test_compiled_steps_keep_compiling_past_dynamos_default_limit(tiny_model, tm
         return out
 
     monkeypatch.setattr(cf, "exceeds_recompile_limit", recording)
-    monkeypatch.setattr("eagle.target._STEP_BACKEND", "eager")  # dynamo's side only: no C++ builds
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     buckets = list(range(1, 11))
     gen = torch.Generator().manual_seed(8)
     prefix = torch.randint(0, V, (9,), generator=gen)
-    eager, comp, ce, cc = _eager_and_compiled(model, buckets, prefix)
+    # dynamo's side only: no C++ builds
+    eager, comp, ce, cc = _eager_and_compiled(model, buckets, prefix, linear=way, step_backend="eager")
     for T in buckets:
         _same_step(eager, comp, ce, cc, make_random_tree(T, V, gen), len(prefix))
     assert sorted(comp.compile_s) == buckets
@@ -578,7 +578,7 @@ def test_compiled_steps_trace_each_layer_structure_once(tmp_path, monkeypatch, a
     from transformers import AutoModelForCausalLM
 
     from conftest import _tiny_config
-    from eagle.regions import region_key
+    from eagle.backends.cpu.regions import region_key
 
     cfg = _tiny_config(arch, layers=4)
     torch.manual_seed(1)
@@ -590,11 +590,10 @@ def test_compiled_steps_trace_each_layer_structure_once(tmp_path, monkeypatch, a
         return gm.forward
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr("eagle.target._STEP_BACKEND", recording)
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(2)
     prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 5,), generator=gen)
-    eager, comp, ce, cc = _eager_and_compiled(model, [8], prefix)
+    eager, comp, ce, cc = _eager_and_compiled(model, [8], prefix, step_backend=recording)
     for _ in range(2):
         tree = make_random_tree(7, V, gen)
         a, b = eager.tree_forward(tree, ce), comp.tree_forward(tree, cc)
@@ -616,7 +615,7 @@ def test_region_keys_tell_layer_structures_apart(tiny_model):
     parameter of another shape, do not; the layer index does not count."""
     import copy as copy_
 
-    from eagle.regions import region_key
+    from eagle.backends.cpu.regions import region_key
 
     llama = tiny_model("llama").get_decoder().layers
     assert region_key(llama[0]) == region_key(llama[1])
@@ -637,10 +636,9 @@ def test_warm_compiled_steps_skip_guards_and_stay_equal_to_eager(tiny_model, tmp
     graphs apart. Buckets interleaved, requested layers, a cache grown mid-way (a new key: all guards
     again) and Gemma-3's sliding-window layers (graphs that differ by a layer attribute) all stay ==
     eager."""
-    import eagle.target as et
+    import eagle.backends.cpu as et
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(et, "_STEP_BACKEND", "eager")  # dynamo's guards are the subject: no C++ builds
     stances = []
     real = et._guards_of
 
@@ -652,7 +650,8 @@ def test_warm_compiled_steps_skip_guards_and_stay_equal_to_eager(tiny_model, tmp
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (max(GEMMA_WINDOW, MISTRAL_WINDOW) + 4,), generator=gen)
-    eager, comp, ce, cc = _eager_and_compiled(tiny_model(arch), [1, 4, 8], prefix)
+    # dynamo's guards are the subject: no C++ builds
+    eager, comp, ce, cc = _eager_and_compiled(tiny_model(arch), [1, 4, 8], prefix, step_backend="eager")
     for i, T in enumerate([1, 4, 8, 3, 1, 7, 2, 8, 1, 4]):
         layers = (1,) if i % 3 == 2 else None
         if i == 6:  # more room than the cache had: new shapes, a new key

@@ -41,7 +41,7 @@ def check_optimization(cfg, positive: tuple[str, ...]) -> None:
 def step_precision(train_dtype: str, device):
     """The autocast context of a training step in ``train_dtype`` (float32 | bfloat16 | auto, see
     ``TrainConfig.train_dtype``): bf16 matrix products over float32 weights, or nothing."""
-    from ..runtime import native_bf16
+    from ..backends import native_bf16
 
     device = torch.device(device)
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16(device))

@@ -25,7 +25,6 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..packed import linear_ways, packed_twin
 from ..prompts import PromptFileError, encode_chat
 
 __all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
@@ -114,18 +113,6 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     write_json(manifest, folder / "manifest.json", indent=1)
 
 
-def _packed_model(model, batches: list[int]):
-    """Every decoding step of a batch of B sequences multiplies B rows by each weight: on a float32
-    CPU model run those products the fastest way measured on this machine (eagle/packed.py: MKL's
-    packed GEMM, on an Intel Xeon 2.1-3.1x faster for 4-32 rows and the whole data stage
-    1.12-1.19x; or the small-row kernel; same results up to rounding): the model's twin, which
-    keeps the packed copies for later batches of the same size; the model itself where neither
-    applies or pays."""
-    ways = linear_ways(model, batches)
-    return packed_twin(model, [r for r, w in ways.items() if w == "packed"],
-                       [r for r, w in ways.items() if w == "stream"]) or model
-
-
 # Sampling looks at the SAMPLE_TOP_K most likely tokens only: sorting the whole vocabulary for
 # top-p and drawing from it took ~280 ms per step at 48 x 49,152 (more than the forward itself);
 # at the data stage's temperatures the mass beyond the first 256 tokens is negligible.
@@ -157,8 +144,8 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
     rows first, finished ones as filler), so a long answer does not keep many short ones computing
     and the packed GEMM needs copies for a few row counts only (B, B/2, B/4, ...).
     """
+    from ..backends import make_backend
     from ..kv import SlotCache
-    from ..lmhead import project
 
     enc = [encode_chat(tok, p) for p in prompts]
     B, L = len(enc), max(len(e) for e in enc)
@@ -183,10 +170,13 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
     sizes = [B]
     while sizes[-1] // 2 >= 1:
         sizes.append(sizes[-1] // 2)
-    runner = _packed_model(model, sizes)  # MKL packed GEMM for the batch sizes (same results)
+    # every step multiplies b rows by each weight: the backend's faster twin for those row counts
+    # where it has one (same results up to rounding), which keeps its copies for later batches
+    backend = make_backend("auto", lm_w.device)
+    runner = backend.fast_model(model, sizes)
     base = runner.get_decoder()
-    # the LM head on the last position: b rows, packed too when the twin runs (64 rows: ~34 ms against ~46)
-    head = (lambda x: runner.get_output_embeddings()(x)) if runner is not model else (lambda x: project(x, lm_w))
+    # the LM head on the last position: b rows, through the twin's head when it runs (packed too)
+    head = (lambda x: runner.get_output_embeddings()(x)) if runner is not model else (lambda x: backend.project(x, lm_w))
     for step in range(max_new_tokens):
         t = x.shape[1]
         mask = att.bool()[:, None, None, :]  # (b, 1, 1, n + t): real tokens only (not the left padding)

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from ..config import ConfigError
 from ..heads import HeadConfig, save_head
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
-from ..target import register_attention
+from ..attention import register_attention
 from .data import Sequence
 from .recipe import Recipe, TrainConfig, draft_vocabulary
 

@@ -47,7 +47,7 @@ class TrainConfig:
     gen_temperature: float = 0.6
     # precision of the sampling pass: "" = the target as loaded; float32 | bfloat16 | float16; "auto" =
     # bfloat16 where products in it are native (AVX512-BF16 / AMX CPUs, CUDA), else as loaded. Measured
-    # (experiments/gen_precision.py, AMD EPYC): bf16 1.66x faster, sampling distributions within a total
+    # (experiments/perf/gen_precision.py, AMD EPYC): bf16 1.66x faster, sampling distributions within a total
     # variation of 0.016 of float32's; each shard records the precision it was sampled in
     gen_dtype: str = ""
     # train on the first shards only, up to this many tokens (0 = all the data): a learning curve,
@@ -88,7 +88,7 @@ class TrainConfig:
     # precision of the training step's products: float32 | bfloat16 (autocast: bf16 matrix products,
     # float32 weights, optimizer, softmax and loss) | auto = bfloat16 where its products are native
     # (eagle.backends.native_bf16), else float32. The target's distributions stay float32 either way.
-    # Measured in docs/results.md ("Training in bfloat16")
+    # Measured: docs/cpu-backend.md, train-bf16
     train_dtype: str = "float32"
     seed: int = 0
     out_dir: str = "runs/smollm2-head"

@@ -28,7 +28,6 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..packed import streaming_copy
 from .data import load_manifest, read_tensors, write_shard
 
 __all__ = ["TokenStoreError", "load_token_manifest", "sampling_settings", "sync_token_store", "write_token_shard",
@@ -39,7 +38,7 @@ TOKENS_FORMAT = "eagle-selfdistill-tokens/1"
 FEATURIZE_TOKENS = 4096
 # ... or over at most this many, when the small-row CPU GEMM (kernels/cpu_gemm.py) runs them faster
 # than MKL runs 4,096 (AMD EPYC: 749-819 against 505-584 tok/s, same features up to fp16 rounding,
-# `python experiments/featurize_throughput.py`; the kernel's advantage fades with more rows)
+# `python experiments/perf/featurize_throughput.py`; the kernel's advantage fades with more rows)
 STREAM_TOKENS = 256
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (runner, max_tokens)
 
@@ -109,7 +108,10 @@ def featurize(model, seqs: list[torch.Tensor], layers: tuple[int, ...] = (),
     small-row kernel, where timing the model's layers at that row count finds it faster)."""
     if max_tokens > STREAM_TOKENS:
         if model not in _RUNNERS:
-            twin = streaming_copy(model, rows=STREAM_TOKENS, upto=STREAM_TOKENS, repeats=2)
+            from ..backends import make_backend
+
+            twin = make_backend("auto", next(model.parameters()).device).fast_linears(model, STREAM_TOKENS,
+                                                                                      upto=STREAM_TOKENS)
             _RUNNERS[model] = (twin, STREAM_TOKENS) if twin is not None else (model, max_tokens)
         model, max_tokens = _RUNNERS[model]
     base = model.get_decoder()

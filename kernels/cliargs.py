@@ -1,4 +1,4 @@
-"""Parsing helpers shared by the command-line scripts (experiments/, kernels/bench_*)."""
+"""Parsing helpers shared by the command-line scripts (kernels/bench_*, experiments/); a leaf, importable from both."""
 from __future__ import annotations
 
 __all__ = ["positive_ints"]

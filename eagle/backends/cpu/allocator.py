@@ -3,10 +3,8 @@
 Why: PyTorch's CPU tensors come straight from the C allocator, and glibc hands every allocation
 above 32 MB (``M_MMAP_THRESHOLD``'s ceiling) to a fresh ``mmap`` and gives it back on free. A
 training step allocates several GB of such short-lived tensors, so the kernel faults in and
-zeroes every one of their pages again, step after step: measured on the 2-core CPU
-(docs/results.md, "The memory allocator"), 59.6 of 101.8 s were system time in an EAGLE-3 step A/B,
-and the same A/B took 57.3 s (6.7 s of system time) under jemalloc told never to give pages back
-(``dirty_decay_ms:-1,muzzy_decay_ms:-1``).
+zeroes every one of their pages again, step after step; jemalloc told never to give pages back
+(``dirty_decay_ms:-1,muzzy_decay_ms:-1``) reuses them instead (docs/cpu-backend.md, jemalloc).
 
 The allocator is chosen when the process starts, so the ``eagle`` command re-executes itself once,
 with ``LD_PRELOAD`` naming libjemalloc (Debian/Ubuntu: ``apt-get install libjemalloc2``), when it

@@ -2,7 +2,7 @@
 while the weight lives and until it is updated in place.
 
 The small-row kernel's packed copies (``kernels/cpu_gemm.py``) and the LM head's measured choice
-(``eagle/lmhead.py``) both need this: a copy made before ``weight.mul_(...)`` is stale (the
+(``eagle/backends/cpu/lmhead.py``) both need this: a copy made before ``weight.mul_(...)`` is stale (the
 weight's version counter tells), and a freed weight's copy must go with it, also because a new
 weight may be allocated at the same address.
 """

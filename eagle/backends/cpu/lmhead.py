@@ -1,47 +1,36 @@
-"""The LM-head product ``hidden (T, H) @ weight (V, H).T`` on the CPU, the fastest of three ways.
+"""The LM-head product ``hidden (T, H) @ weight (V, H).T`` on the CPU, the fastest way measured here.
 
-For float32 on the CPU the same product runs at very different speeds depending on how it is
-asked of MKL, and which way wins depends on the row count and on the machine
-(``python experiments/lm_head_orientation.py --packed``; SmolLM2's 49,152 x 576 head, one Intel
-Xeon, 2 threads, ms, from two runs of the script):
-
-=====  ==========  ===============  ===========
-rows   ``plain``   ``transposed``   ``packed``
-=====  ==========  ===============  ===========
-2      8.1         15.1             (not tried)
-8      27.4        19.8             9.9
-16     48.0        22.8             12.8
-64     63.4        69.6             31.3
-=====  ==========  ===============  ===========
+For float32 the same product runs at very different speeds depending on how it is asked of MKL,
+and which way wins depends on the row count and the machine (docs/cpu-backend.md,
+lmhead-project). The candidates:
 
 * ``plain``: ``F.linear(hidden, weight)``;
-* ``transposed``: ``(weight @ hidden.T).T`` made row-major again (reductions along V over a
-  column-major view are slow: 12 ms against 3.6 + 2.5 ms for copy + argmax);
+* ``transposed``: ``(weight @ hidden.T).T`` made row-major again (a reduction along V over the
+  column-major view is slower than the copy and the reduction together);
 * ``packed``: MKL's packed GEMM with a copy of the weight packed for that row count (about the
-  weight's size in memory; tried from ``MIN_ROWS`` rows, weights that are not being trained).
-
-* ``stream``: the small-row AVX-512 / AVX2 kernel (``kernels/cpu_gemm.py``), where this machine has it
-  (on the AMD EPYC it runs a step's products, this head included, about 2x faster than ``F.linear``:
-  ``python kernels/bench_cpu_gemm.py``, docs/results.md).
-
+  weight's size in memory; tried from ``MIN_ROWS`` rows, weights that are not being trained);
+* ``stream``: the small-row AVX-512 / AVX2 kernel (``kernels/cpu_gemm.py``), where this machine
+  has it (docs/cpu-backend.md, small-row-gemm);
 * ``onednn`` (bfloat16 weights): oneDNN's GEMM with a copy of the weight packed once (one copy for
-  every row count), where ``F.linear`` re-lays the weight out on every call (``eagle.packed``).
-On an AMD EPYC the transposed way won from 2 rows. So the first product per (row count, weight)
-in a process times the candidates (interleaved, after a warm-up) and keeps the fastest; a packed
-copy is kept only when it won, and is dropped with its weight. float16 and other devices always
-take ``F.linear``; one float32 row chooses between ``plain`` and ``stream``.
+  every row count), where ``F.linear`` re-lays the weight out on every call (``eagle.backends.cpu.packed``).
+
+The first product per (row count, weight) in a process times the candidates (interleaved, after a
+warm-up) and keeps the fastest; a packed copy is kept only when it won, and is dropped with its
+weight. float16 and other devices always take ``F.linear``; one float32 row chooses between
+``plain`` and ``stream``.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from eagle_kernels import cpu_gemm
+from eagle_kernels.onednn import onednn_available, onednn_linear, onednn_pack, packed_gemm_available
+from eagle_kernels.timing import timed_pass
+from eagle_kernels.weightmemo import WeightMemo
 
-from .packed import MIN_ROWS, onednn_available, onednn_linear, onednn_pack, packed_gemm_available
-from .weightmemo import WeightMemo
+from .packed import MIN_ROWS
 
 __all__ = ["project"]
 
@@ -86,15 +75,8 @@ def _candidates(rows: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[
 
 def _measure(hidden: torch.Tensor, weight: torch.Tensor, ways: dict, repeats: int = 3) -> str:
     """The name of the fastest way (best of ``repeats`` interleaved calls after one warm-up each)."""
-    best = dict.fromkeys(ways, float("inf"))
-    for fn in ways.values():
-        fn(hidden, weight)
-    for _ in range(repeats):
-        for name, fn in ways.items():
-            t0 = time.perf_counter()
-            fn(hidden, weight)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return min(best, key=best.get)
+    secs = timed_pass([lambda fn=fn: fn(hidden, weight) for fn in ways.values()], repeats)
+    return min(zip(secs, ways))[1]
 
 
 def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,13 @@
-"""Faster GEMMs for the target's linear layers on the CPU, on a twin of the model, per row count, by
-measurement: for float32 MKL's packed GEMM or the small-row AVX-512 / AVX2 kernel of
-``kernels/cpu_gemm.py``; for bfloat16 oneDNN's GEMM on a packed copy of each weight or that
-kernel's bf16 form (``F.linear`` in bf16 re-lays every weight out for oneDNN on every call).
+"""The packed twin: the target's linear layers on the CPU, each row count run the fastest way
+measured here. Float32 products take ``F.linear``, MKL's packed GEMM or the small-row AVX-512 /
+AVX2 kernel of ``kernels/cpu_gemm.py``; bfloat16 products take ``F.linear``, oneDNN's GEMM on a
+packed copy of each weight (``F.linear`` in bf16 re-lays every weight out on every call) or that
+kernel's bf16 form.
 
-Why: MKL's ordinary float32 GEMM runs a step of 4-32 rows (a tree) 2-3x slower than one row
-against the same weights (measured: SmolLM2's 210 layer weights, 2 threads: 1 row 35 ms, 8 rows
-93 ms, 16 rows 172 ms), although every weight is read once either way. Its packed GEMM, the path
-inductor's weight freezing takes, runs 8 rows in 44 ms and 16 in 56 ms. The packed copy of a
-weight is made for one row count, which is exactly what padding trees to buckets gives.
+Why: MKL's ordinary float32 GEMM runs a tree step of 4-32 rows several times slower than one row,
+although every weight is read once either way; its packed GEMM (the path inductor's weight freezing
+takes) does not, and a packed copy serves one row count, which is what padding trees to buckets
+gives (docs/cpu-backend.md, linear-ways).
 
 How: :func:`packed_twin` returns a twin of the model: a structural copy that shares every
 parameter and buffer with it (no weight is copied) and runs the same transformers code, in which
@@ -16,25 +16,14 @@ of a packed row count with ``torch.ops.mkl._mkl_linear`` and a packed copy of it
 first use (one per row count: about the weight's own size), everything else with ``F.linear``.
 The caller's model is never changed; callers run the twin for the steps whose row count is packed.
 
-Whether packing pays depends on the machine: on an Intel Xeon (2 threads) it made all 210 products
-of 4-64 rows 1.2-3.1x faster, on an AMD EPYC (Zen 4, 2 threads) 6-22% slower
-(``python experiments/packed_gemm.py``). So :func:`packing_pays` measures it, once per process and
-row count, on the model's own weights, and callers pack only the row counts that won.
-The small-row kernel (``kernels/cpu_gemm.py``: each weight streamed once at the memory's speed, the
-few x rows kept in L1) is the third way: on the AMD EPYC it ran all 211 products of a step 2.0x
-faster than ``F.linear`` for one row and 2.4-2.5x for 8-16 rows (``python kernels/bench_cpu_gemm.py``). :func:`linear_ways` times the ways available
-for each row count and keeps the fastest; a twin's layer runs each row count its own way.
-bfloat16 weights have their own candidates (``F.linear``, ``"onednn"``, the kernel's ``"stream"``),
-timed the same way; on the Intel Xeon with AMX the kernel won up to 8 rows and oneDNN from 16
-(docs/results.md, "bfloat16 on a CPU with AMX").
-This is how quantization libraries swap linear layers; it costs one Python call per linear layer.
-The first version intercepted every torch call of the forward (~2,300 per step) with a
-``TorchFunctionMode`` instead, whose Python cost per call made a 4-16-node step 10-13% slower
-(``experiments/packed_twin_ab.py``).
+Which way wins depends on the machine, so :func:`linear_ways` times every available way on the
+model's own weights, once per process and row count, and keeps the fastest; a twin's layer runs
+each row count its own way (docs/cpu-backend.md, linear-ways, small-row-gemm, gemm-bf16-form).
+Swapping the layers costs one Python call per linear layer, where routing every torch call of the
+forward through a ``TorchFunctionMode`` costs more (docs/cpu-backend.md, packed-twin).
 """
 from __future__ import annotations
 
-import time
 import weakref
 
 import torch
@@ -42,11 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle_kernels import cpu_gemm
+from eagle_kernels.onednn import onednn_available, onednn_linear, onednn_pack, packed_gemm_available
+from eagle_kernels.timing import MARGIN, timed_pass
 
-from .attention import sharing_copy
+from ...attention import sharing_copy
 
-__all__ = ["PackedLinear", "packed_gemm_available", "onednn_available", "onednn_pack", "onednn_linear",
-           "packed_twin", "packed_row_counts", "stream_row_counts", "onednn_row_counts",
+__all__ = ["PackedLinear", "LINEAR_WAYS", "packed_twin", "packed_row_counts", "stream_row_counts", "onednn_row_counts",
            "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
@@ -54,36 +44,11 @@ _TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> it
 # packing_pays: the products it times stream this many MB of the model's weights (well past the
 # caches, as in a real step), and packing must win by this fraction to be chosen
 MEASURE_MB = 64
-MARGIN = 0.03
 _MEASURED: dict[tuple, dict] = {}  # (rows, weight shapes, dtype) -> {"plain_ms", "packed_ms", "stream_ms", "onednn_ms", "way"}
-# what linear_ways decides: "measure" (default) | "always" (MKL packed for every row count >= MIN_ROWS)
-# | "stream" (the small-row kernel for every row count, where it is available) | "never" (plain);
-# the test suite sets "always" so that which GEMM runs does not depend on timings
-DECIDE = "measure"
-
-
-def packed_gemm_available() -> bool:
-    """Whether this torch build has MKL's packed GEMM ops (x86 builds with MKL)."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-
-
-def onednn_available() -> bool:
-    """Whether oneDNN's bfloat16 GEMM with a packed weight runs here (a torch build with oneDNN, on
-    a CPU it runs bfloat16 on: natively with AVX512-BF16 / AMX, else emulated, which
-    :func:`linear_ways` then measures)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
-
-
-def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's packed copy of a bfloat16 weight ``(N, K)`` (an MKLDNN-layout tensor), made once and
-    used for every row count, so a row's result does not depend on the row count of the call."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-
-
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x (M, K) @ w.T + bias -> (M, N)`` through oneDNN, ``packed = onednn_pack(w)``."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+# how the twin's products are chosen (the CPU backend's ``linear`` option): "measure" (the fastest
+# here, timed at start-up) | "always" (MKL packed for every row count >= MIN_ROWS; oneDNN for
+# bfloat16) | "stream" (the small-row kernel for every row count, where it is available) | "never" (plain)
+LINEAR_WAYS = ("measure", "always", "stream", "never")
 
 
 class PackedLinear(nn.Linear):
@@ -201,8 +166,8 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
     model, so each weight is packed once per row count. ``None`` when none applies (weights not on
     the CPU; float32 without MKL or a row count >= MIN_ROWS to pack, and without the kernel or a
     stream row count; bfloat16 without oneDNN's bf16 GEMM or an onednn row count; other
-    precisions). The LM head stays a plain layer: ``eagle.lmhead.project`` multiplies by its weight
-    (the fastest way measured)."""
+    precisions). The LM head stays a plain layer: ``eagle.backends.cpu.lmhead.project`` multiplies by its weight
+    the way measured fastest for it (docs/cpu-backend.md, lmhead-project)."""
     w = model.get_output_embeddings().weight
     if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -232,21 +197,22 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
     return twin
 
 
-def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 5) -> nn.Module | None:
+def streaming_copy(module: nn.Module, rows: int, upto: int = 64, repeats: int = 5,
+                   decide: str = "measure") -> nn.Module | None:
     """A structural copy of a small float32 or bfloat16 CPU module (a draft head) that shares its parameters and
     sends products of 1..``upto`` rows of every ``nn.Linear`` to the small-row kernel, or ``None``
     when the kernel is unavailable or does not beat ``F.linear`` by ``MARGIN`` on the module's own
-    linear layers at ``rows`` rows (timed here, best of ``repeats``; ``DECIDE`` "stream" / "never" /
-    "always" decide without timing: always = no copy, as MKL packing is not used for small modules)."""
+    linear layers at ``rows`` rows (timed here, best of ``repeats``; ``decide`` (:data:`LINEAR_WAYS`)
+    "stream" / "never" / "always" decide without timing: always = no copy, as MKL packing is not used for small modules)."""
     linears = [m for m in module.modules() if type(m) is nn.Linear]
-    if not linears or not cpu_gemm.available() or DECIDE in ("never", "always") \
+    if not linears or not cpu_gemm.available() or decide in ("never", "always") \
             or any(m.weight.dtype not in (torch.float32, torch.bfloat16) or m.weight.device.type != "cpu"
                    or m.weight.dtype != linears[0].weight.dtype for m in linears):
         return None
-    if DECIDE != "stream":
+    if decide != "stream":
         xs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears}
         with torch.no_grad():
-            t_plain, t_stream = _timed_pass([lambda: [F.linear(xs[m.in_features], m.weight, m.bias) for m in linears],
+            t_plain, t_stream = timed_pass([lambda: [F.linear(xs[m.in_features], m.weight, m.bias) for m in linears],
                                              lambda: [cpu_gemm.small_linear(xs[m.in_features], m.weight, m.bias)
                                                       for m in linears]], repeats)
         if t_stream >= (1 - MARGIN) * t_plain:
@@ -280,20 +246,7 @@ def _decoder_linears(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if type(m) is nn.Linear and m is not lm_head]
 
 
-def _timed_pass(fns, repeats: int) -> list[float]:
-    """Best-of-``repeats`` seconds of each zero-argument ``fn`` (interleaved, after one warm-up each)."""
-    best = [float("inf")] * len(fns)
-    for fn in fns:
-        fn()
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best
-
-
-def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str]:
+def linear_ways(model: nn.Module, row_counts, repeats: int = 3, decide: str = "measure") -> dict[int, str]:
     """For each of ``row_counts``, the fastest way on this machine to multiply that many rows by the
     model's decoder weights. Float32: ``"plain"`` (``F.linear``), ``"packed"`` (MKL's packed GEMM,
     from ``MIN_ROWS`` rows) or ``"stream"`` (the small-row kernel); bfloat16: ``"plain"`` or
@@ -302,19 +255,21 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
     available way (interleaved, best of ``repeats``); a way other than plain must win by
     ``MARGIN``. Measured once per process per row count, weight shapes and precision
     (``packing_measurements()`` has the figures); all plain, without measuring, where none applies
-    (weights not on the CPU, other precisions, no MKL / kernel / oneDNN). ``DECIDE`` overrides the
-    measurement (tests; "always" takes oneDNN for every bfloat16 row count)."""
+    (weights not on the CPU, other precisions, no MKL / kernel / oneDNN). ``decide`` (:data:`LINEAR_WAYS`)
+    other than "measure" overrides the measurement ("always" takes oneDNN for every bfloat16 row count)."""
+    if decide not in LINEAR_WAYS:
+        raise ValueError(f"linear way must be one of {LINEAR_WAYS}, got '{decide}'")
     w = model.get_output_embeddings().weight
     rows = sorted(set(int(r) for r in row_counts if r >= 1))
     plain = {r: "plain" for r in rows}
     fp32, bf16 = w.dtype == torch.float32, w.dtype == torch.bfloat16
     mkl, stream = fp32 and packed_gemm_available(), (fp32 or bf16) and cpu_gemm.available()
     onednn = bf16 and onednn_available()
-    if not rows or w.device.type != "cpu" or not (mkl or stream or onednn) or DECIDE == "never":
+    if not rows or w.device.type != "cpu" or not (mkl or stream or onednn) or decide == "never":
         return plain
-    if DECIDE == "always":
+    if decide == "always":
         return {r: "onednn" if onednn else "packed" if mkl and r >= MIN_ROWS else "plain" for r in rows}
-    if DECIDE == "stream":
+    if decide == "stream":
         return {r: "stream" if stream else "plain" for r in rows}
     linears = [m for m in _decoder_linears(model) if not m.weight.requires_grad]
     sample, total = [], 0
@@ -366,7 +321,7 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
 
                 fns["onednn"] = onednn_fn
             with torch.no_grad():
-                secs = dict(zip(fns, _timed_pass(list(fns.values()), repeats)))
+                secs = dict(zip(fns, timed_pass(list(fns.values()), repeats)))
             del packed
             best = min(secs, key=secs.get)
             if best != "plain" and secs[best] >= (1 - MARGIN) * secs["plain"]:
@@ -379,9 +334,9 @@ def linear_ways(model: nn.Module, row_counts, repeats: int = 3) -> dict[int, str
     return ways
 
 
-def packing_pays(model: nn.Module, row_counts, repeats: int = 3) -> frozenset:
+def packing_pays(model: nn.Module, row_counts, repeats: int = 3, decide: str = "measure") -> frozenset:
     """The row counts (of ``row_counts``) for which :func:`linear_ways` chose MKL's packed GEMM."""
-    return frozenset(r for r, way in linear_ways(model, row_counts, repeats).items() if way == "packed")
+    return frozenset(r for r, way in linear_ways(model, row_counts, repeats, decide).items() if way == "packed")
 
 
 def packing_measurements() -> list[dict]:

@@ -2,11 +2,11 @@
 
 A compiled CPU step (``Target._compiled_step``) is one ``torch.compile`` graph over the whole
 forward. Left alone, dynamo would trace the 30 decoder layers of SmolLM2 as 30 copies and inductor
-would generate and build code for each (44-110 s per bucket on the 2-core machines). Here each
+would generate and build code for each, several times the compile time per bucket. Here each
 decoder layer's ``forward`` runs as a ``torch.compiler.nested_compile_region``: dynamo traces the
 first layer of each structure once, and every other layer with the same structure reuses that
 subgraph with its own parameters, key/value buffers and layer index as inputs; inductor compiles
-it once and calls it per layer (~20 s cold, docs/results.md "One graph per step").
+it once and calls it per layer (docs/cpu-backend.md, compile-one-graph).
 
 Two things make the layers one subgraph:
 
@@ -30,8 +30,8 @@ import hashlib
 import torch
 from torch import nn
 
-from .attention import sharing_copy
-from .kv import SlotCache, SlotWriter
+from ...attention import sharing_copy
+from ...kv import SlotCache, SlotWriter
 
 __all__ = ["region_key", "regional_copy", "layer_hooks_outside"]
 
