@@ -4,7 +4,7 @@ Quick use::
 
     import eagle
     model, tok = eagle.load_target("smollm2-135m")
-    dec = eagle.TreeDecoder.from_config(model, eagle.load_config("experiments/configs/ngram.yaml"))
+    dec = eagle.TreeDecoder.from_config(model, "ngram")  # a shipped config, a YAML path, a dict or a DecodeConfig
     out = dec.generate(ids, max_new_tokens=128)
 
 The names below are imported on first use (PEP 562), so ``eagle --help`` and argument errors
@@ -20,12 +20,14 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Tree": "tree", "Target": "target", "TreeDecoder": "decoder", "DecodeStats": "decoder",
-    "GenerationResult": "decoder", "DecodeConfig": "config", "load_config": "config", "load_target": "models",
-    "verify": "verify", "greedy_verify": "verify", "greedy_accept": "verify", "sample_verify": "verify",
-    "probs_from_logits": "verify",
+    "GenerationResult": "decoder", "DecodeConfig": "config", "load_config": "config", "ConfigError": "config",
+    "load_target": "models", "verify": "verify", "greedy_verify": "verify", "greedy_accept": "verify",
+    "sample_verify": "verify", "probs_from_logits": "verify",
     "DraftHead": "heads", "load_head": "heads", "load_draft_model": "draft_model", "FallbackConfig": "fallback",
-    "RuntimeConfig": "runtime", "SlotCache": "kv",
-    "Drafter": "draft.base", "Sampling": "draft.base", "TreeShape": "draft.shape", "ConfigError": "config",
+    "RuntimeConfig": "runtime",
+    # extension points (docs/extending.md)
+    "Drafter": "draft.base", "Sampling": "draft.base", "register_drafter": "draft.base",
+    "TreeShape": "draft.shape", "register_tree_shape": "draft.shape",
 }
 __all__ = list(_EXPORTS)
 

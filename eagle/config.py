@@ -1,105 +1,130 @@
-"""Typed decoding configs loaded from YAML with strict validation (an unknown key is an error)."""
+"""Typed decoding configs loaded from YAML with strict validation (an unknown key is an error).
+
+The ``drafter:`` and ``tree:`` sections name a registered class (``drafter.type``, ``tree.shape``;
+:func:`eagle.register_drafter`, :func:`eagle.register_tree_shape`) and fill that class's nested
+``Options`` dataclass from the section's other keys. An ``Options`` field whose metadata has
+``path`` is a path resolved from the config file's folder (``{"path": "model"}``: unless it names
+an embedded model)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .draft.shape import TreeShape
+from .draft.base import DRAFTERS, Drafter
+from .draft.shape import TREE_SHAPES, TreeShape
 from .fallback import FallbackConfig
 from .models import EMBEDDED
 from .runtime import DTYPES, RuntimeConfig
 
 __all__ = ["ConfigError", "DrafterConfig", "DecodeConfig", "load_config", "config_from_dict", "from_dict", "read_yaml",
-           "resolve_path", "as_config", "SHIPPED_CONFIGS"]
+           "resolve_path", "as_config", "drafter_class", "tree_shape_class", "SHIPPED_CONFIGS", "DTYPES"]
 
-DRAFTERS = ("none", "self", "ngram", "eagle", "eagle3", "model", "medusa")
 ATTENTION = ("auto", "triton", "reference")
-DRAFT_DTYPES = ("", "auto") + DTYPES  # "" = the target's; auto: float32 or bfloat16, measured (eagle/heads/drafter.py)
+
+# the modules the shipped drafters and tree shapes register from, imported on the first lookup of
+# their name (so a config finds them without the caller importing anything)
+SHIPPED_DRAFTERS = {"none": "eagle.draft.base", "self": "eagle.draft.selfdraft", "ngram": "eagle.draft.ngram",
+                    "eagle": "eagle.heads.drafter", "eagle3": "eagle.heads.drafter", "medusa": "eagle.heads.medusa",
+                    "model": "eagle.draft_model"}
+SHIPPED_SHAPES = {"chain": "eagle.draft.shape", "static": "eagle.draft.shape", "dynamic": "eagle.draft.shape",
+                  "auto": "eagle.draft.auto"}
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the offending key."""
 
 
+def _lookup(registry, shipped: dict, name: str, key: str):
+    cls = registry.get(name)
+    if cls is None and name in shipped:
+        importlib.import_module(shipped[name])
+        cls = registry.get(name)
+    if cls is None:
+        names = sorted(set(registry.names()) | set(shipped))
+        raise ConfigError(f"{key} must be one of the registered {registry.kind}s ({', '.join(names)}), got '{name}'")
+    return cls
+
+
+def drafter_class(name: str) -> type[Drafter]:
+    """The drafter registered as ``name`` (a shipped one is imported here on first use);
+    :class:`ConfigError` listing the registered names otherwise."""
+    return _lookup(DRAFTERS, SHIPPED_DRAFTERS, name, "drafter.type")
+
+
+def tree_shape_class(name: str) -> type[TreeShape]:
+    """The tree shape registered as ``name``, as :func:`drafter_class` finds drafters."""
+    return _lookup(TREE_SHAPES, SHIPPED_SHAPES, name, "tree.shape")
+
+
 @dataclass
 class DrafterConfig:
-    """``type``: none (plain decoding), self (the target as its own oracle drafter), ngram, eagle
-    (an EAGLE-1/2 head), eagle3 (an EAGLE-3 head), model (a separate small causal LM sharing the target's tokenizer),
-    medusa (Medusa-1 heads, eagle/heads/medusa.py)."""
+    """The ``drafter:`` section: ``type``, a registered drafter's name (shipped: none = plain
+    decoding, self, ngram, eagle, eagle3, medusa, model), and ``options``, that drafter's
+    ``Options`` (its defaults when None)."""
 
     type: str = "none"
-    head: str = ""  # eagle: a head checkpoint folder (relative paths: cwd, then the repo root)
-    model: str = ""  # model: an embedded target name or a local HF folder
-    sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
-    max_ngram: int = 3
-    min_ngram: int = 1
-    branches: int = 1  # ngram: distinct continuations kept as tree branches
-    dtype: str = ""  # eagle: run the head in this precision (float32 | bfloat16 | float16 | auto); "" = the target's
-    prompt_vocab: bool = False  # eagle (EAGLE-1/2 head): the prompt's tokens join the draft vocabulary per generation
+    options: typing.Any = None
+
+    def __post_init__(self):
+        if self.options is None:
+            self.options = drafter_class(self.type).Options()
+
+    @property
+    def cls(self) -> type[Drafter]:
+        return drafter_class(self.type)
+
+    def build(self, target, tree: TreeShape) -> Drafter:
+        """The drafter, bound to ``target``, drafting ``tree``."""
+        return self.cls(target, tree, self.options)
+
+
+def _default_tree() -> TreeShape:
+    return tree_shape_class("chain")()
 
 
 @dataclass
 class DecodeConfig:
     name: str = "plain"
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    tree: TreeShape = field(default_factory=TreeShape)
+    tree: TreeShape = field(default_factory=_default_tree)  # a registered shape with its options
     attention: str = "auto"  # auto: Triton kernel on CUDA, SDPA reference elsewhere
     fallback: FallbackConfig = field(default_factory=FallbackConfig)  # plain steps when drafting loses
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # the target forward's cache/buckets/dtype/compile
 
     def validate(self) -> None:
-        if self.drafter.type not in DRAFTERS:
-            raise ConfigError(f"drafter.type must be one of {DRAFTERS}, got '{self.drafter.type}'")
         if self.attention not in ATTENTION:
             raise ConfigError(f"attention must be one of {ATTENTION}, got '{self.attention}'")
-        if self.drafter.type == "ngram":
-            d = self.drafter
-            if not 1 <= d.min_ngram <= d.max_ngram:
-                raise ConfigError("drafter needs 1 <= min_ngram <= max_ngram")
-            if d.branches < 1:
-                raise ConfigError("drafter.branches must be >= 1")
-        if self.drafter.dtype not in DRAFT_DTYPES:
-            raise ConfigError(f"drafter.dtype must be one of {DRAFT_DTYPES[1:]} (or empty for the target's), "
-                              f"got '{self.drafter.dtype}'")
-        if self.drafter.dtype and self.drafter.type not in ("eagle", "eagle3", "medusa"):
-            raise ConfigError(f"drafter.dtype applies to the eagle, eagle3 and medusa drafters only, not '{self.drafter.type}'")
-        if self.drafter.dtype == "auto" and self.drafter.type == "medusa":
-            raise ConfigError("drafter.dtype 'auto' applies to the eagle and eagle3 drafters only; "
-                              "give medusa a precision (float32 | bfloat16 | float16)")
-        if self.drafter.prompt_vocab and self.drafter.type != "eagle":
-            raise ConfigError(f"drafter.prompt_vocab applies to the eagle drafter (an EAGLE-1/2 head), not "
-                              f"'{self.drafter.type}'")
-        if self.drafter.type in ("eagle", "eagle3") and not self.drafter.head:
-            raise ConfigError(f"drafter.type '{self.drafter.type}' needs drafter.head (a head checkpoint folder)")
-        if self.drafter.type == "medusa" and not self.drafter.head:
-            raise ConfigError("drafter.type 'medusa' needs drafter.head (a Medusa head folder)")
-        if self.drafter.type == "model" and not self.drafter.model:
-            raise ConfigError("drafter.type 'model' needs drafter.model (a model name or folder)")
-        if self.drafter.sample and self.tree.shape in ("dynamic", "auto"):
-            raise ConfigError(f"drafter.sample: true needs a chain or static tree (the {self.tree.shape} tree "
-                              "is always grown from the draft's top-k)")
-        if self.tree.shape == "auto" and self.drafter.type in ("none", "ngram"):
-            raise ConfigError(f"tree.shape 'auto' needs a drafter that grows a tree (self, eagle, eagle3, medusa, "
-                              f"model), not '{self.drafter.type}'")
         try:
-            self.fallback.validate()
             self.tree.validate()
+            self.drafter.cls.check(self.tree, self.drafter.options)
+            self.fallback.validate()
             self.runtime.validate()
+        except ConfigError:
+            raise
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
     def max_tree_nodes(self) -> int:
-        """The most nodes (root included) a tree of this config's drafter can have: 1 for plain
-        decoding, ``1 + depth * branches`` for the n-gram drafter, the tree shape's otherwise."""
-        if self.drafter.type == "none":
-            return 1
-        if self.drafter.type == "ngram":
-            return 1 + self.tree.depth * self.drafter.branches
-        return self.tree.max_nodes
+        """The most nodes (root included) a tree of this config's drafter can have
+        (:meth:`eagle.Drafter.max_nodes`: 1 for plain decoding, the tree shape's for most)."""
+        return self.drafter.cls.max_nodes(self.tree, self.drafter.options)
+
+    def build_drafter(self, target) -> Drafter:
+        """The drafter this config asks for, bound to ``target``."""
+        return self.drafter.build(target, self.tree)
+
+    def as_dict(self) -> dict:
+        """The config as its YAML mapping (the drafter's and the shape's options beside ``type`` and
+        ``shape``): what sweeps record, fingerprint and look dotted keys up in."""
+        out = dataclasses.asdict(self)
+        out["drafter"] = {"type": self.drafter.type, **dataclasses.asdict(self.drafter.options)}
+        out["tree"] = {"shape": self.tree.shape, **dataclasses.asdict(self.tree.options)}
+        return out
 
 
 def _check(value, hint, where: str):
@@ -161,20 +186,50 @@ def load_config(path: str | Path) -> DecodeConfig:
     return config_from_dict({} if data is None else data, path)
 
 
+def _section(data: dict, key: str, name_key: str, default: str, lookup, label: str):
+    """``(name, cls, options)`` of the ``key:`` section: the class its ``name_key`` names and its
+    ``Options`` filled strictly from the other keys."""
+    section = {} if data.get(key) is None else data[key]
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{key}' must be a mapping, got {type(section).__name__}")
+    name = section.get(name_key, default)
+    if not isinstance(name, str):
+        raise ConfigError(f"'{key}.{name_key}' must be str, got {name!r}")
+    cls = lookup(name)
+    try:
+        options = from_dict(cls.Options, {k: v for k, v in section.items() if k != name_key}, key + ".")
+    except ConfigError as e:
+        raise ConfigError(f"{label} '{name}': {e}") from None
+    return name, cls, options
+
+
+def _resolve_paths(options, path: Path) -> None:
+    """Resolve ``options``' path fields (metadata ``path``) from the config file at ``path``."""
+    for f in dataclasses.fields(options):
+        kind, value = f.metadata.get("path"), getattr(options, f.name)
+        if kind and value and not (kind == "model" and value in EMBEDDED):
+            setattr(options, f.name, str(resolve_path(value, path)))
+
+
 def config_from_dict(data, path: str | Path, where: str = "") -> DecodeConfig:
     """Validate the mapping ``data`` as a decoding config that lives at ``path`` (its name defaults
     to the file's stem; relative head/model paths resolve from the file's folder). Errors name
     ``path`` and ``where`` (e.g. a sweep cell)."""
     path = Path(path)
     try:
-        if isinstance(data, dict):
-            data = {"name": path.stem, **data}
-        cfg = from_dict(DecodeConfig, data)
+        if not isinstance(data, dict):
+            raise ConfigError(f"'config' must be a mapping, got {type(data).__name__}")
+        data = {"name": path.stem, **data}
+        dtype, _, options = _section(data, "drafter", "type", "none", drafter_class, "drafter")
+        _, tcls, tree_options = _section(data, "tree", "shape", "chain", tree_shape_class, "tree shape")
+        try:
+            tree = tcls(tree_options)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = from_dict(DecodeConfig, {k: v for k, v in data.items() if k not in ("drafter", "tree")})
+        cfg.drafter, cfg.tree = DrafterConfig(dtype, options), tree
         cfg.validate()
-        if cfg.drafter.head:
-            cfg.drafter.head = str(resolve_path(cfg.drafter.head, path))
-        if cfg.drafter.model and cfg.drafter.model not in EMBEDDED:
-            cfg.drafter.model = str(resolve_path(cfg.drafter.model, path))
+        _resolve_paths(options, path)
     except ConfigError as e:
         raise ConfigError(f"{path}{where}: {e}") from None
     return cfg

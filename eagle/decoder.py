@@ -11,9 +11,8 @@ from typing import Callable
 import torch
 
 from .config import as_config
-from .draft import build_drafter
-from .draft.auto import AutoTreePolicy
 from .draft.base import Drafter, NoDrafter, Sampling
+from .draft.shape import TreeShape
 from .fallback import FallbackConfig, FallbackPolicy
 from .runtime import RuntimeConfig
 from .target import Target
@@ -122,48 +121,62 @@ class TreeDecoder:
 
     Args:
         model: an unmodified transformers causal LM, or an :class:`eagle.Target` wrapping one.
-        drafter: a :class:`eagle.draft.Drafter`; ``None`` = plain decoding through the same loop.
+        drafter: a :class:`eagle.Drafter`; ``None`` = plain decoding through the same loop.
         eos_token_id: int or list; defaults to the model's generation config.
         attention: "auto" | "triton" | "reference" (ignored when ``model`` is already a Target).
-        runtime: :class:`eagle.runtime.RuntimeConfig` of the target's forward (cache kind, buckets,
-            precision, compilation); ignored when ``model`` is already a Target.
         fallback: :class:`eagle.fallback.FallbackConfig`; when enabled, steps run without drafting
             while drafting measures slower than plain decoding (see eagle/fallback.py); what it
             has measured carries over from one ``generate`` call to the next.
+        runtime: :class:`eagle.runtime.RuntimeConfig` of the target's forward (cache kind, buckets,
+            precision, compilation); ignored when ``model`` is already a Target. Its buckets are cut
+            at the drafter's largest tree (:meth:`make_target`).
 
     Example::
 
-        dec = TreeDecoder.from_config(model, load_config("experiments/configs/self-draft.yaml"))
+        dec = TreeDecoder.from_config(model, "eagle2-cpu")
         out = dec.generate(ids, max_new_tokens=64)
         print(out.tokens, out.stats.tau)
     """
 
     def __init__(self, model, drafter: Drafter | None = None, eos_token_id=None, attention: str = "auto",
                  fallback: FallbackConfig | None = None, runtime: RuntimeConfig | None = None):
-        self.target = model if isinstance(model, Target) else Target(model, attention, runtime)
         self.drafter = drafter or NoDrafter()
+        shape = getattr(self.drafter, "shape", None)
+        shape = shape if isinstance(shape, TreeShape) else None
+        self.target = self.make_target(model, type(self.drafter).max_nodes(shape, getattr(self.drafter, "options", None)),
+                                       attention, runtime)
         self.eos = _eos_set(self.target.model, eos_token_id)
         self.fallback = fallback or FallbackConfig()
         self.policy = FallbackPolicy(self.fallback)  # kept across generate calls (eagle/fallback.py)
-        # tree.shape auto: the drafter's tree policy (costs, calibration), kept across generate calls
-        shape = getattr(self.drafter, "shape", None)
-        if self.drafter.tree_policy is None and getattr(shape, "shape", None) == "auto":
-            self.drafter.tree_policy = AutoTreePolicy(self.target.runtime.buckets, shape.max_nodes)
+        # the shape's own state (tree.shape auto: its costs and calibration), kept across generate calls
+        if self.drafter.tree_policy is None and shape is not None:
+            self.drafter.tree_policy = shape.new_policy(self.target.runtime.buckets)
         self.tree_policy = self.drafter.tree_policy
+
+    @staticmethod
+    def make_target(model, max_nodes: int | None, attention: str = "auto",
+                    runtime: RuntimeConfig | None = None) -> Target:
+        """``model`` as the decoder's :class:`eagle.Target`: as given when it is one, else wrapped with
+        ``runtime``'s buckets cut at ``max_nodes``, the drafter's largest tree
+        (:meth:`eagle.runtime.RuntimeConfig.fitted`; 16-bit steps at a multiple of 16 rows; all
+        buckets kept when ``max_nodes`` is None)."""
+        if isinstance(model, Target):
+            return model
+        runtime = runtime or RuntimeConfig()
+        if max_nodes is not None:
+            dtype = getattr(torch, runtime.dtype) if runtime.dtype else model.get_output_embeddings().weight.dtype
+            runtime = runtime.fitted(max_nodes, 16 if dtype.itemsize == 2 else 1)
+        return Target(model, attention, runtime)
 
     @classmethod
     def from_config(cls, model, config, eos_token_id=None) -> "TreeDecoder":
-        """Build the decoder and its drafter from a config: a :class:`eagle.config.DecodeConfig`, a
+        """The decoder and its drafter from a config: a :class:`eagle.config.DecodeConfig`, a
         mapping, a YAML path or a shipped config's name (``"eagle2-cpu"``; :func:`eagle.config.as_config`).
-        The target's buckets are cut at the drafter's largest tree
-        (:meth:`eagle.runtime.RuntimeConfig.fitted`; 16-bit steps at a multiple of 16 rows)."""
+        The target is made as the constructor makes it (:meth:`make_target`), at the config's largest
+        tree, before the drafter that needs it."""
         config = as_config(config)
-        target = model
-        if not isinstance(model, Target):
-            dtype = getattr(torch, config.runtime.dtype) if config.runtime.dtype else model.get_output_embeddings().weight.dtype
-            runtime = config.runtime.fitted(config.max_tree_nodes(), 16 if dtype.itemsize == 2 else 1)
-            target = Target(model, config.attention, runtime)
-        return cls(target, build_drafter(config, target), eos_token_id, fallback=config.fallback)
+        target = cls.make_target(model, config.max_tree_nodes(), config.attention, config.runtime)
+        return cls(target, config.build_drafter(target), eos_token_id, fallback=config.fallback)
 
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: Sampling) -> int:

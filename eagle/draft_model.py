@@ -9,6 +9,9 @@ re-attaches the shared ones from the target it is loaded onto (the same trick as
 
 Checkpoint folder: ``config.json`` (the student's transformers config), ``draft.json`` (what it was
 made from, which weights are shared) and ``model.safetensors`` (the rest).
+
+:class:`ModelDrafter` is ``drafter.type: model``: such a model (or any other with the target's
+vocabulary) drafting for the target.
 """
 from __future__ import annotations
 
@@ -16,15 +19,19 @@ import copy
 import json
 import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from .draft.base import register_drafter
+from .draft.selfdraft import SelfDrafter
 from .io import check_safetensors, replace_dir
+from .target import Target
 
 __all__ = ["build_draft_model", "save_draft_model", "load_draft_model", "check_draft_model", "is_draft_model",
-           "DraftModelError", "DraftModelMismatchError", "shared_weight_names"]
+           "DraftModelError", "DraftModelMismatchError", "shared_weight_names", "ModelDrafter"]
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 
@@ -147,3 +154,39 @@ def load_draft_model(folder: str | Path, target):
     _share(model, target)
     model.to(target.device).eval().requires_grad_(False)
     return model
+
+
+@register_drafter("model")
+class ModelDrafter(SelfDrafter):
+    """``drafter.type: model``: a separate small causal LM sharing the target's tokenizer drafts the
+    tree shape as the target would for itself (:class:`~eagle.draft.SelfDrafter` on a Target of its
+    own). ``options.model``: a folder of :func:`save_draft_model` (loaded onto the target, sharing
+    its embedding and LM head), or any transformers checkpoint or embedded name with the target's
+    vocabulary (loaded on the target's device, in its LM head's precision). The small model's
+    Target takes the target's attention (the tree kernel where the target uses it, else SDPA), so
+    the config's ``attention`` reaches it through the target."""
+
+    @dataclass
+    class Options:
+        model: str = field(default="", metadata={"path": "model"})  # an embedded target name or a local folder
+        sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
+
+        def validate(self) -> None:
+            if not self.model:
+                raise ValueError("drafter.type 'model' needs drafter.model (a model name or folder)")
+
+    def __init__(self, target: Target, tree, options: Options):
+        from .models import load_model
+
+        if is_draft_model(options.model):  # distilled by `eagle distill`: shares the target's embedding
+            small = load_draft_model(options.model, target.model)
+        else:  # any transformers checkpoint with the target's vocabulary
+            small = load_model(options.model, device=target.device, dtype=target.lm_head.weight.dtype)
+        if small.get_output_embeddings().weight.shape[0] != target.lm_head.weight.shape[0]:
+            raise ValueError(f"draft model {options.model} has another vocabulary size than the target")
+        super().__init__(Target(small, "triton" if target.use_kernel else "reference"), tree, options)
+
+    @classmethod
+    def check_files(cls, tree, options: Options) -> None:
+        if is_draft_model(options.model):
+            check_draft_model(options.model)

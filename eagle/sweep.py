@@ -3,11 +3,11 @@ JSON, CSV, a markdown table and plots.
 
 A grid axis is a dotted key of a decoding config (``tree.total_tokens``), the pseudo key
 ``temperature`` (the bench's sampling temperature), or ``config`` (named variants merged into the
-whole config). A value that is a mapping is merged into the config at its key; any other value
-replaces it. Every cell is validated before anything runs. Cells of one temperature run as one
-bench (prompts outer, cells inner, plain decoding and transformers ``generate`` once); each run is
-recorded in ``DIR/state.json`` as it finishes, so an interrupted sweep resumes and skips what is
-done.
+whole config). A value that is a mapping is merged into the config at its key (one naming another
+``drafter.type`` or ``tree.shape`` replaces that section); any other value replaces it. Every cell
+is validated before anything runs. Cells of one temperature run as one bench (prompts outer, cells
+inner, plain decoding and transformers ``generate`` once); each run is recorded in
+``DIR/state.json`` as it finishes, so an interrupted sweep resumes and skips what is done.
 """
 from __future__ import annotations
 
@@ -150,11 +150,28 @@ def load_ablation(path: str | Path) -> SweepSpec:
     return spec
 
 
-def _merge(into: dict, value: dict) -> dict:
+# a config section that names its kind: a mapping naming another kind replaces the section (the old
+# kind's options mean nothing to the new one), one naming the same kind is merged into it
+_KINDS = {"drafter": ("type", "none"), "tree": ("shape", "chain")}
+
+
+def _merge(into: dict, value: dict, root: bool = True) -> dict:
     out = dict(into)
     for k, v in value.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        sub = out.get(k)
+        if isinstance(v, dict) and isinstance(sub, dict) and not (root and _other_kind(k, sub, v)):
+            out[k] = _merge(sub, v, False)
+        else:
+            out[k] = copy.deepcopy(v)
     return out
+
+
+def _other_kind(key: str, section: dict, value: dict) -> bool:
+    """Whether ``value`` names another kind of the ``key`` section than ``section`` is."""
+    if key not in _KINDS:
+        return False
+    name, default = _KINDS[key]
+    return name in value and value[name] != section.get(name, default)
 
 
 def _variant(value, near: Path) -> dict:
@@ -237,7 +254,7 @@ def check_plot_keys(cells: list[Cell], axes: list[str], x: str, lines: list[str]
     """``x`` must be ``nodes``, ``temperature`` or a numeric grid/config key; ``lines`` keys must
     exist in every cell (checked before anything runs)."""
     for c in cells:
-        probe = {"grid": c.values, "temperature": c.temperature, "config": dataclasses.asdict(c.config),
+        probe = {"grid": c.values, "temperature": c.temperature, "config": c.config.as_dict(),
                  "mean_tree_nodes": 0.0}
         try:
             if x != NODES:
@@ -272,7 +289,7 @@ def sweep_settings(prompts: list, max_new_tokens: int, top_p: float, target_name
 
 
 def config_fingerprint(config: DecodeConfig) -> str:
-    return _fingerprint(dataclasses.asdict(config))
+    return _fingerprint(config.as_dict())
 
 
 def forget_changed(records: dict, seen: dict, configs) -> None:
@@ -340,7 +357,7 @@ def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Pat
         summary["baselines"][key] = res["plain"]
         for c, run in zip(group, res["runs"]):
             by_name[c.name] = {"cell": c.name, "grid": c.values, "temperature": t,
-                               "config": dataclasses.asdict(c.config),
+                               "config": c.config.as_dict(),
                                "tau": run["mean_accepted"], **{k: v for k, v in run.items() if k != "config"}}
     summary["cells"] = [by_name[c.name] for c in cells]
     return summary

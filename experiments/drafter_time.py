@@ -242,15 +242,15 @@ def main(argv=None) -> None:
     print("| dtype | levels | propose ms (median) | min | tree nodes | 10 rows x draft LM head, ms | compile s | same trees |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for name, compiled in [(n, c) for n in args.dtypes for c in ((False, True) if args.compiled_levels else (False,))]:
-        cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=name))
+        options = dataclasses.replace(config.drafter.options, dtype=name)
+        cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, options=options))
         times, trees, compile_s = propose_times(model, tok, cfg, args.prompt, args.step, args.repeats, compiled)
         if not compiled:
             eager_tokens = trees[-1].tokens
-        from eagle.draft import build_drafter
         from eagle.backends.cpu.lmhead import project
         from eagle.target import Target
 
-        lm_w = build_drafter(cfg, Target(model, cfg.attention)).lm_w  # (Vd, H) in this dtype
+        lm_w = cfg.build_drafter(Target(model, cfg.attention)).lm_w  # (Vd, H) in this dtype
         x = torch.randn(10, lm_w.shape[1]).to(lm_w.dtype)
         mm = _timed(lambda: project(x, lm_w), 200)
         same = "yes" if torch.equal(trees[-1].tokens, eager_tokens) else "NO"

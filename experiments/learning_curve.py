@@ -828,7 +828,7 @@ def _main(argv: list[str] | None) -> int:
         cells,
         train_fp=lambda c: dataclasses.asdict(m.train_config(c)),
         eval_fp=lambda c: m.heldout_spec(),
-        bench_fp=lambda c: [dataclasses.asdict(load_decode_config(HEADS[c.head][1], m.head_dir(c), c.key)),
+        bench_fp=lambda c: [load_decode_config(HEADS[c.head][1], m.head_dir(c), c.key).as_dict(),
                             m.bench_settings()])
     out.mkdir(parents=True, exist_ok=True)
 

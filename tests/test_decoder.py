@@ -16,7 +16,7 @@ K = 3
 
 
 def self_chain(target, k: int = K, sample: bool = False):
-    return SelfDrafter(target, TreeShape("chain", depth=k), sample=sample)
+    return SelfDrafter(target, TreeShape("chain", depth=k), SelfDrafter.Options(sample=sample))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,7 +134,8 @@ def test_stats_consistent(kind, llama):
                "self-static": lambda: RecordingSelfDrafter(target, TreeShape("static", choices=[[0], [1], [0, 0], [1, 0], [1, 1]])),
                "self-auto": lambda: RecordingSelfDrafter(target, TreeShape("auto", depth=K, top_k=2, total_tokens=6)),
                "random": lambda: RandomTreeDrafter(V, seed=1),
-               "ngram": lambda: RecordingNgram(3, 1, 4, 3)}[kind]()
+               "ngram": lambda: RecordingNgram(None, TreeShape("chain", depth=4),
+                                                 NgramDrafter.Options(max_ngram=3, min_ngram=1, branches=3))}[kind]()
     out = TreeDecoder(target, drafter).generate(prompt, n)
     assert out.tokens == plain_greedy(model, prompt, n=n)
     check_stats(out.stats, out.tokens, drafter.proposed)

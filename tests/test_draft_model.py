@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eagle import TreeDecoder
-from eagle.config import DecodeConfig, from_dict
+from eagle.config import config_from_dict
 from eagle.draft_model import DraftModelMismatchError, build_draft_model, load_draft_model, save_draft_model
 
 from conftest import make_tiny_train_model
@@ -70,8 +70,8 @@ def test_model_drafter_from_a_distilled_checkpoint_is_lossless(model, tmp_path):
     save_draft_model(student, tmp_path / "d", "tiny-llama")
     prompt = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(5))
     plain = TreeDecoder(model, None, attention="reference").generate(prompt, 40)
-    cfg = from_dict(DecodeConfig, {"drafter": {"type": "model", "model": str(tmp_path / "d")},
-                                   "tree": {"shape": "chain", "depth": 4}, "attention": "reference"})
+    cfg = config_from_dict({"drafter": {"type": "model", "model": str(tmp_path / "d")},
+                            "tree": {"shape": "chain", "depth": 4}, "attention": "reference"}, tmp_path / "c.yaml")
     out = TreeDecoder.from_config(model, cfg).generate(prompt, 40)
     assert out.tokens == plain.tokens
     assert out.stats.target_forwards < plain.stats.target_forwards  # the draft model is mostly right

@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 
 from eagle import TreeDecoder, load_config
-from eagle.draft import NgramDrafter, Sampling
+from eagle.draft import NgramDrafter, Sampling, TreeShape
 
 from conftest import check_stats, plain_greedy, prompt_ids
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 
 
-def ngram_with_history(history, **kw) -> NgramDrafter:
-    d = NgramDrafter(**kw)
+def ngram_with_history(history, depth=5, **kw) -> NgramDrafter:
+    d = NgramDrafter(None, TreeShape("chain", depth=depth), NgramDrafter.Options(**kw))
     d.reset(torch.tensor(history[:1]))
     d.extend(torch.zeros(len(history) - 1, 4), torch.tensor(history[1:]))
     assert d.history == list(history)

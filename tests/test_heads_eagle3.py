@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from eagle import Target, TreeDecoder
-from eagle.config import DecodeConfig, from_dict
-from eagle.draft import NoDrafter, TreeShape, build_drafter
+from eagle.config import config_from_dict
+from eagle.draft import NoDrafter, TreeShape
 from eagle.heads import HeadConfig, load_head, save_head
 from eagle.heads.drafter import EagleDrafter
 from eagle.heads.eagle3 import Eagle3Head, default_feature_layers, vocab_maps
@@ -149,12 +149,12 @@ def test_checkpoint_round_trip_and_drafter_type(tmp_path):
         if v.is_floating_point():
             torch.testing.assert_close(back.state_dict()[k], v.half().float(), atol=0, rtol=0)
     target = Target(model, "reference")
-    conf = from_dict(DecodeConfig, {"drafter": {"type": "eagle3", "head": str(tmp_path / "h")},
-                                    "tree": {"shape": "dynamic", "depth": 3, "top_k": 3, "total_tokens": 8}})
-    assert isinstance(build_drafter(conf, target), EagleDrafter)
+    conf = config_from_dict({"drafter": {"type": "eagle3", "head": str(tmp_path / "h")},
+                             "tree": {"shape": "dynamic", "depth": 3, "top_k": 3, "total_tokens": 8}}, tmp_path / "c.yaml")
+    assert isinstance(conf.build_drafter(target), EagleDrafter)
     conf.drafter.type = "eagle"
     with pytest.raises(ValueError, match="eagle3 head: use drafter type 'eagle3'"):
-        build_drafter(conf, target)
+        conf.build_drafter(target)
     (tmp_path / "h" / "config.json").write_text((tmp_path / "h" / "config.json").read_text().replace(
         '"feature_layers": [0, 1, 2]', '"feature_layers": [0, 1, 9]'))
     from eagle.heads import HeadMismatchError

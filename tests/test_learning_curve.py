@@ -210,8 +210,8 @@ def test_decode_config_gets_the_trained_head(tmp_path):
     (tmp_path / "head").mkdir()
     for name, (_, path) in lc.HEADS.items():
         cfg = lc.load_decode_config(path, tmp_path / "head", f"{name}-1000")
-        assert cfg.name == f"{name}-1000" and cfg.drafter.type == name and cfg.drafter.head == str(tmp_path / "head")
-        assert (cfg.tree.shape, cfg.tree.depth, cfg.tree.top_k, cfg.tree.total_tokens) == ("dynamic", 6, 10, 60)
+        assert cfg.name == f"{name}-1000" and cfg.drafter.type == name and cfg.drafter.options.head == str(tmp_path / "head")
+        assert (cfg.tree.shape, cfg.tree.depth, cfg.tree.top_k, cfg.tree.options.total_tokens) == ("dynamic", 6, 10, 60)
 
 
 def test_cell_train_config(tmp_path):

@@ -42,7 +42,7 @@ def test_drafter_time_script_restores_the_drafter_state(smollm2):
         cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=dtype))
         times, trees, compile_s = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=2)
         assert len(times) == 2 and min(times) > 0 and len(trees) == 3 and compile_s == 0
-        assert len(trees[0]) == config.tree.total_tokens + 1
+        assert len(trees[0]) == config.tree.options.total_tokens + 1
         for t in trees[1:]:
             assert torch.equal(t.tokens, trees[0].tokens) and torch.equal(t.parents, trees[0].parents)
         if dtype == "float32":  # --compiled-levels: the compiled tree levels draft the same tree

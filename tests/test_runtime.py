@@ -72,7 +72,7 @@ def test_max_nodes_is_the_largest_tree_a_shape_grows(tree):
 
     from eagle.draft import Sampling, TreeShape
 
-    shape = from_dict(TreeShape, tree)
+    shape = TreeShape(**tree)
     gen = torch.Generator().manual_seed(0)
     sizes = [len(shape.grow(5, lambda t, nodes: torch.randn(len(nodes), 50, generator=gen), Sampling()))
              for _ in range(5)]

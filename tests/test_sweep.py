@@ -27,8 +27,8 @@ def test_expand_is_the_product_with_named_cells():
     cells = sweep.expand(NGRAM, [sweep.parse_axis("tree.depth=2,3"), sweep.parse_axis("drafter.branches=1,2,3")])
     assert len(cells) == 6
     assert cells[0].name == "ngram[tree.depth=2 drafter.branches=1]"
-    assert [(c.config.tree.depth, c.config.drafter.branches) for c in cells] == [(d, b) for d in (2, 3) for b in (1, 2, 3)]
-    assert all(c.config.drafter.max_ngram == 3 for c in cells)  # the rest comes from the base
+    assert [(c.config.tree.depth, c.config.drafter.options.branches) for c in cells] == [(d, b) for d in (2, 3) for b in (1, 2, 3)]
+    assert all(c.config.drafter.options.max_ngram == 3 for c in cells)  # the rest comes from the base
     assert cells[4].values == {"tree.depth": 3, "drafter.branches": 2}
 
 
@@ -48,7 +48,7 @@ def test_expand_config_variants_mappings_and_temperature():
     assert [c.config.drafter.type for c in cells] == ["ngram", "self"]
     # a mapping at a key is merged into what the base has there
     (c,) = sweep.expand(NGRAM, [sweep.Axis("drafter", [{"branches": 2}])])
-    assert c.config.drafter.branches == 2 and c.config.drafter.max_ngram == 3
+    assert c.config.drafter.options.branches == 2 and c.config.drafter.options.max_ngram == 3
 
 
 @pytest.mark.parametrize("axis, message", [

@@ -129,7 +129,7 @@ def test_a_shape_auto_config_needs_a_tree_growing_drafter(tmp_path):
         with pytest.raises(ConfigError, match=f"tree.shape 'auto' needs a drafter that grows a tree.*'{drafter}'"):
             load_config(tmp_path / "c.yaml")
     (tmp_path / "c.yaml").write_text("drafter: {type: self, sample: true}\ntree: {shape: auto}\n")
-    with pytest.raises(ConfigError, match="drafter.sample: true needs a chain or static tree"):
+    with pytest.raises(ConfigError, match="drafter.sample: true needs a tree shape that samples its children"):
         load_config(tmp_path / "c.yaml")
 
 

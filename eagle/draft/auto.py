@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from ..tree import Tree
-from .base import Sampling
 from .grow import Expand, add_level, select_dynamic
+from .shape import DynamicShape, register_tree_shape
 
-__all__ = ["Calibration", "StepCosts", "AutoTreePolicy", "grow_auto"]
+__all__ = ["Calibration", "StepCosts", "AutoTreePolicy", "AutoShape"]
 
 
 class Calibration:
@@ -298,11 +298,20 @@ class AutoTreePolicy:
                 "child_acceptance": [self.calibration.child(d) for d in range(max(len(self.calibration.child_trials), 1))]}
 
 
-def grow_auto(root: int, depth: int, top_k: int, expand: Expand, sampling: Sampling, policy: AutoTreePolicy,
-              vocab_map: torch.Tensor | None = None) -> Tree:
-    """``TreeShape.grow`` for ``shape: auto`` (``sampling`` is not needed: children are the
-    draft's top-k, verified as deterministic proposals)."""
-    if policy is None:
-        raise ValueError("tree.shape 'auto' needs the decoder's AutoTreePolicy (a TreeDecoder attaches one "
-                         "to its drafter)")
-    return policy.grow(root, depth, top_k, expand, vocab_map)
+@register_tree_shape("auto")
+class AutoShape(DynamicShape):
+    """``tree.shape: auto``: the options of the dynamic tree as bounds (at most ``depth`` levels of
+    ``top_k`` x ``top_k`` candidates, at most ``total_tokens`` verified), each step sized by the
+    decoder's :class:`AutoTreePolicy` (``sampling`` is not needed: children are the draft's top-k,
+    verified as deterministic proposals)."""
+
+    needs_grow = True
+
+    def new_policy(self, buckets: list[int]) -> AutoTreePolicy:
+        return AutoTreePolicy(buckets, self.max_nodes)
+
+    def grow(self, root, expand, sampling, sample=False, vocab_map=None, vocab_size=None, policy=None) -> Tree:
+        if policy is None:
+            raise ValueError("tree.shape 'auto' needs the decoder's AutoTreePolicy (a TreeDecoder attaches one "
+                             "to its drafter)")
+        return policy.grow(root, self.depth, self.top_k, expand, vocab_map)

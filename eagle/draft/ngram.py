@@ -4,19 +4,39 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from ..tree import Tree
-from .base import Drafter, Sampling
+from .base import Drafter, Sampling, register_drafter
 
 
+@register_drafter("ngram")
 class NgramDrafter(Drafter):
-    """Args:
-        max_ngram / min_ngram: suffix lengths tried, longest first.
-        depth: tokens drafted per continuation.
-        branches: at most this many distinct continuations (tree branches).
-    """
+    """``drafter.type: ngram``. Drafts ``tree.depth`` tokens per continuation whatever the shape
+    (its trees are tries of continuations, not grown); needs no target."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, depth: int = 5, branches: int = 1):
-        self.max_ngram, self.min_ngram, self.depth, self.branches = max_ngram, min_ngram, depth, branches
+    grows_tree = False
+
+    @dataclass
+    class Options:
+        max_ngram: int = 3  # suffix lengths tried, longest first, down to min_ngram
+        min_ngram: int = 1
+        branches: int = 1  # at most this many distinct continuations (tree branches)
+
+        def validate(self) -> None:
+            if not 1 <= self.min_ngram <= self.max_ngram:
+                raise ValueError("drafter needs 1 <= min_ngram <= max_ngram")
+            if self.branches < 1:
+                raise ValueError("drafter.branches must be >= 1")
+
+    def __init__(self, target, tree, options: Options | None = None):
+        super().__init__(target, tree, options)
+        o = self.options
+        self.max_ngram, self.min_ngram, self.depth, self.branches = o.max_ngram, o.min_ngram, tree.depth, o.branches
+
+    @classmethod
+    def max_nodes(cls, tree, options) -> int:
+        return 1 + tree.depth * options.branches
 
     def continuations(self) -> list[list[int]]:
         hist = np.asarray(self.history, dtype=np.int64)

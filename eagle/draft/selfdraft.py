@@ -4,17 +4,27 @@ Used to test the machinery (a K-chain must give tau = K + 1 under greedy decodin
 upper bound of any drafter's acceptance. It keeps its own KV cache of the target."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..target import Target
 from ..tree import Tree
-from .base import Drafter, Sampling
+from .base import Drafter, Sampling, register_drafter
 from .shape import TreeShape
 
 
+@register_drafter("self")
 class SelfDrafter(Drafter):
-    def __init__(self, target: Target, shape: TreeShape, sample: bool = False):
-        self.target, self.shape, self.sample = target, shape, sample
+    """``drafter.type: self``: ``target`` drafts the tree ``shape`` for itself."""
+
+    @dataclass
+    class Options:
+        sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
+
+    def __init__(self, target: Target, tree: TreeShape, options: Options | None = None):
+        super().__init__(target, tree, options)
+        self.sample = self.options.sample
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)

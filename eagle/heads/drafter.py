@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,8 +34,9 @@ from ..kv import SlotCache
 from ..lmhead import project
 from ..target import Target
 from ..tree import Tree
-from ..draft.base import Drafter, Sampling
+from ..draft.base import Drafter, Sampling, register_drafter
 from ..draft.shape import TreeShape
+from ..runtime import DTYPES
 
 
 def fastest_dtype(target: Target, head: DraftHead, rows: int, repeats: int = 5) -> torch.dtype:
@@ -286,3 +288,66 @@ class EagleDrafter(Drafter):
         # the drafted slots stay beyond the committed length: the next catch-up overwrites them
         return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab,
                                policy=self.tree_policy)
+
+
+# ---- the config's drafters: drafter.type eagle / eagle3 ----------------------------------------
+@dataclass
+class HeadOptions:
+    """``drafter:`` keys of an EAGLE head drafter."""
+
+    head: str = field(default="", metadata={"path": "file"})  # the head checkpoint folder
+    sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
+    dtype: str = ""  # run the head in float32 | bfloat16 | float16 | auto (the faster here); "" = the target's
+
+    def validate(self) -> None:
+        if self.dtype not in ("", "auto") + DTYPES:
+            raise ValueError(f"drafter.dtype must be one of {('auto',) + DTYPES} (or empty for the target's), "
+                             f"got '{self.dtype}'")
+
+
+@dataclass
+class EagleOptions(HeadOptions):
+    prompt_vocab: bool = False  # the prompt's tokens join the draft vocabulary per generation
+
+
+@register_drafter("eagle")
+class EagleHeadDrafter(EagleDrafter):
+    """``drafter.type: eagle``: :class:`EagleDrafter` with an EAGLE-1/2 head loaded from
+    ``options.head`` (resolved from the config file's folder by the loader) onto the target's
+    device, in ``options.dtype`` (``auto``: :func:`fastest_dtype` for a level of ``tree.top_k`` rows)."""
+
+    Options = EagleOptions
+
+    def __init__(self, target: Target, tree: TreeShape, options: HeadOptions):
+        from . import load_head  # the package's, looked up when called
+
+        head = load_head(options.head, target.model).to(target.device)
+        kind = "eagle3" if head.feature_layers else "eagle"
+        if kind != self.name:
+            raise ValueError(f"head {options.head} is an {kind} head: use drafter type '{kind}', not '{self.name}'")
+        if options.dtype == "auto":  # the faster of float32 and bfloat16 for a level's products here
+            dtype = fastest_dtype(target, head, rows=tree.top_k)
+        else:
+            dtype = getattr(torch, options.dtype) if options.dtype else None
+        super().__init__(target, head, tree, sample=options.sample, dtype=dtype,
+                         prompt_vocab=getattr(options, "prompt_vocab", False))
+        self.options = options
+
+    @classmethod
+    def check(cls, tree: TreeShape, options: HeadOptions) -> None:
+        if not options.head:
+            raise ValueError(f"drafter.type '{cls.name}' needs drafter.head (a head checkpoint folder)")
+        super().check(tree, options)
+
+    @classmethod
+    def check_files(cls, tree: TreeShape, options: HeadOptions) -> None:
+        from . import check_head
+
+        check_head(options.head)
+
+
+@register_drafter("eagle3")
+class Eagle3HeadDrafter(EagleHeadDrafter):
+    """``drafter.type: eagle3``: as ``eagle``, with an EAGLE-3 head."""
+
+    Options = HeadOptions

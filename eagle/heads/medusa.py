@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..draft.base import Drafter, Sampling
+from ..draft.base import Drafter, Sampling, register_drafter
 from ..draft.shape import TreeShape
 from ..io import check_safetensors, replace_dir
 from ..tree import Tree
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # eagle.target imports transformers: not needed to read or ch
     from ..target import Target
 
 __all__ = ["MedusaHeads", "MedusaConfig", "MedusaDrafter", "save_medusa", "load_medusa", "read_medusa_config",
-           "check_medusa", "is_medusa", "tree_depth", "LM_HEADS"]
+           "check_medusa", "is_medusa", "MedusaOptions", "MedusaHeadsDrafter", "LM_HEADS"]
 
 LM_HEADS = ("shared", "own")
 _FILES = "config.json + model.safetensors"
@@ -246,13 +246,6 @@ def load_medusa(folder: str | Path, model) -> MedusaHeads:
 # drafting
 
 
-def tree_depth(shape: TreeShape) -> int:
-    """The deepest drafted level of a tree shape (the root is depth 0)."""
-    if shape.shape == "static":
-        return max(len(c) for c in shape.choices)
-    return shape.depth
-
-
 class MedusaDrafter(Drafter):
     """Grows the configured tree shape with Medusa heads.
 
@@ -271,7 +264,7 @@ class MedusaDrafter(Drafter):
         from ..lmhead import project
 
         self._project = project
-        depth = tree_depth(shape)
+        depth = shape.depth
         if depth > heads.num_heads:
             raise ConfigError(f"tree depth {depth} needs {depth} Medusa heads, the head has {heads.num_heads} "
                               f"(tree.depth / the longest tree.choices entry must be <= {heads.num_heads})")
@@ -322,3 +315,46 @@ class MedusaDrafter(Drafter):
 
         return self.shape.grow(root, expand, sampling, self.sample, vocab_map=self.d2t, vocab_size=self.vocab,
                                policy=self.tree_policy)
+
+
+@dataclass
+class MedusaOptions:
+    """``drafter:`` keys of the Medusa drafter."""
+
+    head: str = field(default="", metadata={"path": "file"})  # the Medusa head folder
+    sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
+    dtype: str = ""  # blocks + LM head(s) in float32 | bfloat16 | float16 on a copy; "" = float32
+
+    def validate(self) -> None:
+        from ..runtime import DTYPES
+
+        if self.dtype == "auto":
+            raise ValueError("drafter.dtype 'auto' applies to the eagle and eagle3 drafters only; "
+                             "give medusa a precision (float32 | bfloat16 | float16)")
+        if self.dtype not in ("",) + DTYPES:
+            raise ValueError(f"drafter.dtype must be one of {DTYPES} (or empty), got '{self.dtype}'")
+
+
+@register_drafter("medusa")
+class MedusaHeadsDrafter(MedusaDrafter):
+    """``drafter.type: medusa``: :class:`MedusaDrafter` with the heads loaded from ``options.head``
+    (resolved from the config file's folder by the loader)."""
+
+    Options = MedusaOptions
+
+    def __init__(self, target: Target, tree: TreeShape, options: MedusaOptions):
+        super().__init__(target, load_medusa(options.head, target.model), tree, sample=options.sample,
+                         dtype=getattr(torch, options.dtype) if options.dtype else None)
+        self.options = options
+
+    @classmethod
+    def check(cls, tree: TreeShape, options: MedusaOptions) -> None:
+        if not options.head:
+            raise ValueError("drafter.type 'medusa' needs drafter.head (a Medusa head folder)")
+        super().check(tree, options)
+
+    @classmethod
+    def check_files(cls, tree: TreeShape, options: MedusaOptions) -> None:
+        k = check_medusa(options.head).num_heads
+        if tree.depth > k:
+            raise ValueError(f"tree depth {tree.depth} needs {tree.depth} Medusa heads, {options.head} has {k}")
