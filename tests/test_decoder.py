@@ -251,3 +251,19 @@ def test_2d_input_and_bad_attention(llama):
     assert out.tokens == plain_greedy(model, prompt)[:6]
     with pytest.raises(ValueError):
         Target(model, "flash")
+
+
+def test_one_construction_path_cuts_the_buckets_at_the_drafters_largest_tree(llama):
+    """The constructor and from_config make the target the same way: a model (not a Target) gets
+    its step buckets cut at the drafter's largest tree, plain decoding at one node; a Target is used
+    as given."""
+    model, target = llama
+    chain2 = SelfDrafter(target, TreeShape("chain", depth=2))
+    assert TreeDecoder(model, chain2, attention="reference").target.runtime.buckets == [1, 3]
+    assert TreeDecoder(model, attention="reference").target.runtime.buckets == [1]
+    ngram = NgramDrafter(None, TreeShape("chain", depth=3), NgramDrafter.Options(branches=2))
+    assert TreeDecoder(model, ngram, attention="reference").target.runtime.buckets == [1, 4, 7]
+    cfg = {"drafter": {"type": "self"}, "tree": {"shape": "chain", "depth": 2}, "attention": "reference"}
+    dec = TreeDecoder.from_config(model, cfg)
+    assert dec.target.runtime.buckets == [1, 3] and dec.drafter.target is dec.target
+    assert TreeDecoder(target, chain2).target is target
