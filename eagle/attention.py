@@ -28,9 +28,9 @@ __all__ = ["FOLD_BELOW", "GQA_SDPA", "SCORE_CHANGES", "attention_view", "folds_g
 
 GQA_SDPA = "eagle_gqa_sdpa"
 # Fold only while the folded query axis stays below this: from 192 query rows on, PyTorch's CPU
-# flash kernel splits queries in blocks of 64 instead of 32, and folded 64-node trees (3 KV heads x
-# 3 blocks, against 9 heads x 2 unfolded) measured 0.97-1.07x unfolded on the 2-core machine, where
-# 16-node trees measured 0.88-0.99x (docs/cpu-backend.md, gqa-fold).
+# flash kernel splits queries in blocks of 64 instead of 32, and a folded 64-node tree (3 KV heads x
+# 3 blocks, against 9 heads x 2 unfolded) gains nothing over the unfolded one (docs/cpu-backend.md,
+# gqa-fold).
 FOLD_BELOW = 192
 # attention keywords that change the scores or the softmax (soft-capping, position biases, sinks):
 # calls with any of them keep transformers' SDPA

@@ -65,10 +65,9 @@ class RuntimeConfig:
         is cut down to ``max_nodes`` rounded up to a ``multiple`` (never past that bucket) and the
         larger buckets go, so no step is padded past the largest tree a drafter can propose
         (EAGLE-2's 60-token dynamic tree: 61-row float32 steps, not 64). ``multiple``: the row
-        granularity of the step's products (the decoder passes 16 for 16-bit steps: on AMX, whose
-        tiles hold 16 rows, a 61-row bfloat16 step took 51.2-54.7 ms against 44.5-46.4 ms for 64
-        rows, where 56 and 60 rows cost no more than 64). A copy; unchanged when every bucket is
-        smaller."""
+        granularity of the step's products (the decoder passes 16 for 16-bit steps: AMX tiles hold
+        16 rows, so a 61-row bfloat16 step costs more than a 64-row one; docs/cpu-backend.md,
+        buckets-fitted). A copy; unchanged when every bucket is smaller."""
         if max_nodes < 1 or multiple < 1:
             raise ValueError(f"max_nodes and multiple must be >= 1, got {max_nodes} and {multiple}")
         holder = next((b for b in self.buckets if b >= max_nodes), None)

@@ -56,7 +56,7 @@ void check_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wnor
 
 // One row's bounds, b_j = c n_j + a: L = max_j (s_j - b_j), and each j with s_j + b_j >= L (NaN
 // screens included) in turn. Vectorized where the build has AVX-512 (a 64-row screen has 3.1 M
-// entries; the scalar loops took longer than oneDNN's product), in double precision either way.
+// entries; scalar loops take longer than oneDNN's product), in double precision either way.
 inline double to_double(float v) { return v; }
 inline double to_double(c10::BFloat16 v) { return static_cast<float>(v); }
 

@@ -16,8 +16,8 @@ the CPU has them: 64 rows cost about what one does; a bound three times wider, s
 candidates), and ``"dot"``, the op's own loop of AVX512-BF16 dot products on bf16-rounded rows (32
 multiply-adds an instruction: twice the kernel's arithmetic; oneDNN's bound; up to
 :data:`KERNEL_MAX_ROWS` rows, where the CPU has AVX512-BF16). :func:`way` measures those this
-machine has once per process, head shape and row bucket and keeps the fastest (:data:`WAY`
-overrides).
+machine has once per process, head shape and row bucket and keeps the fastest (a ``choice``
+argument overrides; docs/cpu-backend.md, screen-way).
 
 As for the other kernels:
 
@@ -42,10 +42,8 @@ from . import cpu_gemm
 __all__ = ["MAX_ROWS", "KERNEL_MAX_ROWS", "WAYS", "applies", "available", "measurements", "pack_pairs", "screened_argmax",
            "screened_argmax_reference", "way"]
 
-# rows up to which the kernel's screen pays (float32 arithmetic on the widened bf16 copy, bound by
-# arithmetic, not by the bytes it saves, from ~64 rows: SmolLM2, compiled steps, Intel Xeon with AMX:
-# 0.93x the step's time at 1 row, 0.96x at 16, 0.98x at 32, 1.01x at 64;
-# `experiments/perf/compiled_step_ab.py --what head`, before the oneDNN screen)
+# rows up to which the kernel's screen pays: its float32 arithmetic on the widened bf16 copy, not
+# the bytes it saves, bounds it from ~64 rows (docs/cpu-backend.md, screened-argmax)
 KERNEL_MAX_ROWS = 32
 # rows the op takes at most where oneDNN's screen is available (KERNEL_MAX_ROWS where it is not)
 MAX_ROWS = 256

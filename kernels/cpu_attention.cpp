@@ -7,15 +7,13 @@
 // rounded up to a multiple of 256) and a mask that hides the empty slots; PyTorch's CPU flash
 // attention then works through all C keys. Here the keys from the last slot any query sees on are
 // cut off (the mask scanned from the end) and the rest goes, in float32 on AVX-512 builds, to the
-// tiled loop below, else to the same SDPA in its grouped-query form (no K/V copies). On SmolLM2-135M (3 KV heads, 512 slots, 300 filled; 30 layers' buffers in
-// turn) that took 0.77x / 0.75x / 0.68x the time of SDPA on the whole buffer with the query heads
-// folded (eagle/attention.py) for 1 / 4 / 16 rows (docs/cpu-backend.md, attention-cut). An op of its own because the
-// cut is data-dependent: in a graph it would be a host sync and a new shape every step.
+// tiled loop below, else to the same SDPA in its grouped-query form (no K/V copies;
+// docs/cpu-backend.md, attention-cut). An op of its own because the cut is data-dependent: in a
+// graph it would be a host sync and a new shape every step.
 //
-// A hand-written loop per query row (dot products, ATen's vectorized exp, weighted sum of value
-// rows) measured 0.7-0.9x SDPA's time at one row but 1.4-3.7x at 4-64 rows, and was dropped; the
-// tiled loop (query rows in the vector lanes, keys as the rows of the products) replaced SDPA for
-// float32 (docs/cpu-backend.md, attention-tiled-f32).
+// Float32 calls take the tiled loop (query rows in the vector lanes, keys as the rows of the
+// products) rather than SDPA or a loop per query row, which is slow from 4 rows
+// (docs/cpu-backend.md, attention-tiled-f32).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -267,9 +265,9 @@ bool tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (attention_way_setting != 0 || !(q.scalar_type() == at::kFloat || (bf16 && bf16_tiled_setting)) || D % 8 != 0 ||
       T > 64 || k.stride(3) != 1 || v.stride(3) != 1)
     return false;
-  // batched calls with fewer rows per KV head than a block's lanes stay on SDPA: the self-distillation
-  // data stage (24 sequences of one token a step, 3 of 16 lanes holding a row) ran 1.4% slower
-  // through the loop, where SDPA's (batch x head) tasks already fill the threads
+  // batched calls with fewer rows per KV head than a block's lanes stay on SDPA, whose (batch x head)
+  // tasks already fill the threads (e.g. the self-distillation data stage: 24 sequences of one token
+  // a step, 3 of 16 lanes holding a row; docs/cpu-backend.md, attention-tiled-f32)
   if (B > 1 && G * T < AL) return false;
   int64_t Tp = 1;
   if (T <= AL)
@@ -410,10 +408,11 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor tiled;
   if (tiled_attention(q, k, v, mp, Bm, C, kv_len, scale, tiled)) return tiled;
   // SDPA's own grouped-query form: each KV head read once for its query heads, the mask broadcast
-  // over heads (folding the query heads into the rows instead needs the mask repeated per head:
-  // 1.05-1.35x the time for 1-16 rows)
+  // over heads (folding the query heads into the rows instead needs the mask repeated per head,
+  // which is slower; docs/cpu-backend.md, attention-cut)
   // the mask as SDPA's additive form (0 / -inf, q's dtype), made here in one pass: SDPA's own
-  // conversion of a boolean mask (two `where`s, ~17 us each for 16 rows) took longer than its cut saved
+  // conversion of a boolean mask (two `where`s) costs about what the cut saves (docs/cpu-backend.md,
+  // attention-cut)
   at::Tensor bias = at::empty({Bm, 1, T_, kv_len}, q.options());
   auto fill = [&](auto* out) {
     using S = std::remove_pointer_t<decltype(out)>;

@@ -109,9 +109,9 @@ def _choose_bf16_way(ext, repeats: int = 5) -> str:
     extension module ``ext``): ``EAGLE_CPU_ATTENTION_BF16=tiled|sdpa`` if set, else the faster of the
     two over SmolLM2-shaped calls (9 query heads on 3 KV heads of 64 dims, 300 keys seen in a 512-slot
     buffer, 1, 16 and 64 rows; interleaved, best of ``repeats``, ~0.1 s), SDPA unless the loop is
-    faster by ``timing.MARGIN``; kept beside the build (``attention-<threads>t.json``). On the
-    AMD EPYC Zen 5 the loop took 25 against 133 us at one row and 46 against 120 at 16; on the Intel
-    Xeon with AMX SDPA's bf16 kernel (AMX) had been as fast at 1 and 16 rows and 1.11x faster at 64."""
+    faster by ``timing.MARGIN``; kept beside the build (``attention-<threads>t.json``). What wins
+    differs by machine: SDPA's bf16 kernel is fast where it runs on AMX (docs/cpu-backend.md,
+    attention-tiled-bf16)."""
     import os
 
 

@@ -3,9 +3,9 @@
 // chain on their widened (exact) values, the weights streamed at half the bytes, and y is rounded to
 // bfloat16 once at the end.
 //
-// Why: a decoding step multiplies 1-32 rows by every weight. MKL's GEMM streams the weights at
-// 11-16 GB/s there (a third of the memory's speed on the 2-core machines this project runs on);
-// this loop streams each weight once at the memory's speed and keeps the few x rows in L1/L2.
+// Why: a decoding step multiplies 1-32 rows by every weight, and MKL's GEMM streams the weights at
+// a fraction of the memory's speed at those row counts; this loop streams each weight once at the
+// memory's speed and keeps the few x rows in L1/L2 (docs/cpu-backend.md, small-row-gemm).
 //
 // Layout: the packed weight is (ceil(N/16), K, 16): block b holds outputs 16b..16b+15, and for each
 // k their 16 weights side by side (one cache line), so a block is one sequential stream. The rows
@@ -13,9 +13,9 @@
 // group's values x[m, k] from one line.
 // Tile: one block x MT rows; step k loads the block's weight line and multiplies it by every row's
 // x[m, k], broadcast. AVX-512 (built with -mavx512f): one zmm accumulator per row, MT <= 16, the
-// broadcast embedded in the FMA (tiles of 2 or 4 blocks, for more accumulators at few rows, measured
-// slower at 1 row on the AMD EPYC Zen 4, 13.7 against 10.5 ms for SmolLM2's 211 products, and
-// faster on an Intel Xeon with AMX: `tile_nb`, its width measured per machine). AVX2 (built with -mavx2 -mfma, for CPUs without AVX-512 such as AMD Zen 3): the line
+// broadcast embedded in the FMA (wider tiles of several blocks, for more accumulators at few rows:
+// `tile_nb`, its width measured per machine; docs/cpu-backend.md, gemm-wide-tiles). AVX2 (built
+// with -mavx2 -mfma, for CPUs without AVX-512): the line
 // is two ymm halves, two accumulators per row and an explicit broadcast, so 16 registers hold at
 // most MT = 6 rows (2 x 6 accumulators + 2 weight halves + 1 broadcast); more rows take several
 // passes over the block, the later ones from L1/L2. Nothing is reduced across lanes: lane j of an
@@ -24,9 +24,9 @@
 // row's result does not depend on which other rows share the call (bitwise), and the AVX2 build
 // gives the AVX-512 build's results bit for bit. The weights are prefetched
 // PREFETCH_BYTES (4 KB) ahead: with 16 rows of arithmetic per line, the hardware prefetcher
-// alone fell behind the memory (`python kernels/bench_cpu_gemm.py --prefetch-ab`).
-// Only the headers it uses, not <torch/extension.h>: the build takes ~18 s instead of ~45 s on the
-// 2-core machine (it runs once per machine, on the first `make demo`)
+// alone falls behind the memory (docs/cpu-backend.md, gemm-prefetch).
+// Only the headers it uses, not <torch/extension.h>: a much shorter build, which runs once per
+// machine, on the first `make demo` (docs/cpu-backend.md, build-headers)
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -45,12 +45,10 @@ namespace {
 
 constexpr int64_t LANES = 16;  // outputs per block (one cache line of float32)
 // How far ahead in a block's stream, and into which cache: by default 4 KB (64 steps of float32
-// lines) into L2. On the Intel Xeon with AMX, SmolLM2's 211 products streamed 1.05x (1 row), 1.15x
-// (8 rows of one block) and 1.12x (16 rows) faster than with 8 KB into L1 (the AMD EPYC's choice),
-// in a C++ loop. The distance is a setting, one for calls of up to 8 rows and one for more
-// (`set_prefetch_bytes`), measured per machine by cpu_gemm.py: with 16 rows of arithmetic per line
-// (8 FMA cycles) 4 KB ahead is too short on the AMD EPYC Zen 5, where one-block tiles of 16 rows
-// streamed at the one-row speed only from ~12 KB ahead.
+// lines) into L2 (docs/cpu-backend.md, gemm-prefetch). The distance is a setting, one for calls of
+// up to 8 rows and one for more (`set_prefetch_bytes`), measured per machine by cpu_gemm.py: with
+// 16 rows of arithmetic per line (8 FMA cycles) the distance that keeps up with the memory differs
+// by machine (docs/cpu-backend.md, gemm-plan).
 // The CPU_GEMM_* switches below exist for `kernels/bench_cpu_gemm.py --variants` only (builds of
 // this source with other settings, timed side by side); the library never defines them.
 #ifndef CPU_GEMM_PREFETCH_BYTES
@@ -106,11 +104,10 @@ inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p,
 
 // NB adjacent blocks (outputs n .. n + 16 NB - 1) x MT rows: each broadcast x[m, k] feeds NB FMAs
 // and NB weight streams run at once. The blocks but the last are full (the last may be the
-// weight's partial last block); the same FMA chain per output as `tile`. On an Intel Xeon with AMX,
-// SmolLM2's 211 products took 0.94-0.96x (1 row), 0.85-0.87x (4) and 0.83-0.87x (8 rows) the time
-// of one-block tiles with three blocks per tile (more rows: `unit_in_turns`); on the AMD EPYC Zen 4, wider tiles had
-// been slower at 1 row. So the width for calls of up to 8 rows is measured once per machine
-// (cpu_gemm.py, `_choose_plan`).
+// weight's partial last block); the same FMA chain per output as `tile` (more rows:
+// `unit_in_turns`). Wider tiles are faster on some machines and slower at 1 row on others, so the
+// width for calls of up to 8 rows is measured once per machine (cpu_gemm.py, `_choose_plan`;
+// docs/cpu-backend.md, gemm-wide-tiles).
 template <int NB, int MT, typename W>
 inline void tile_nb(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                     float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias,
@@ -169,8 +166,8 @@ template <int MT, typename W>
 inline void tile(const float* __restrict xt, int64_t ldx, const W* __restrict p, int64_t K,
                  float* __restrict y, int64_t ldy, int64_t n, int64_t N, const float* __restrict bias, int64_t pf) {
   // as the AVX-512 tile; lo/hi: outputs n .. n + 7 and n + 8 .. n + 15 of each row. The unroll
-  // pragmas keep the accumulators in registers: without them GCC also stored every accumulator to
-  // the stack on each k step (3x slower at 4-16 rows).
+  // pragmas keep the accumulators in registers: without them GCC also stores every accumulator to
+  // the stack on each k step (docs/cpu-backend.md, avx2-unroll).
   __m256 lo[MT], hi[MT];
 #pragma GCC unroll 16
   for (int i = 0; i < MT; ++i) {
@@ -386,13 +383,10 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& p, int64_t N,
   if (M == 0) return y.to(x_in.scalar_type()).view(out_shape);
   // Rows in groups of at most MAX_MT (or 8 for wide tiles), as even as possible (sizes differ by at
   // most one; a group re-reads the block from L1/L2); each group's rows transposed into a panel of
-  // their own, (K, rows in the group), so that a step reads them from one line (one (K, M) transpose
-  // for all rows: 64 rows took 0.86-0.94x as long as with it on the AMD EPYC Zen 3, 16-32 rows
-  // 0.9-1.0x; `bench_cpu_gemm.py --against`).
+  // their own, (K, rows in the group), so that a step reads them from one line (docs/cpu-backend.md,
+  // gemm-group-panels).
   // More than 8 rows (AVX-512): units of 3 blocks serve all groups in turns of CHUNK_K k-steps
-  // (`unit_in_turns`). SmolLM2's 211 products at 16 rows took 0.88x the time of one block x 16 rows
-  // in a C++ loop on the Intel Xeon with AMX (24.1 against 27.6 ms) and 0.96-1.0x with 3 blocks x 2
-  // passes of 8 rows over the whole K (the second pass from L2).
+  // (`unit_in_turns`; docs/cpu-backend.md, gemm-turns).
   const bool turns = TURNS && turns_setting && M > WIDE_ROWS;
   const int64_t nb = std::min(turns ? MAX_TILE_BLOCKS : M <= WIDE_ROWS ? tile_blocks_setting : int64_t{1}, blocks);
   const int64_t max_mt = nb > 1 || turns ? WIDE_MAX_MT : MAX_MT;
@@ -534,8 +528,9 @@ at::Tensor held_mkl_linear(const at::Tensor& x_in, const at::Tensor& slot, const
 }
 
 // The same function as a dispatcher op, torch.ops.<extension name>.packed_linear, for compiled graphs:
-// inductor's wrapper calls it through the C++ dispatcher (a Python custom op costs tens of us per
-// call on these CPUs, and a step makes 211). One namespace per build (the extension's name), so two
+// inductor's wrapper calls it through the C++ dispatcher (a Python custom op costs several times as
+// much per call, and a step makes 211; docs/cpu-backend.md, gemm-dispatcher-op). One namespace per
+// build (the extension's name), so two
 // builds loaded by one process (benchmarks) do not collide. Its shape function is in cpu_gemm.py.
 #define EAGLE_GEMM_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)  // expands TORCH_EXTENSION_NAME first
 EAGLE_GEMM_LIBRARY(TORCH_EXTENSION_NAME, m) {

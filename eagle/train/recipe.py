@@ -46,9 +46,9 @@ class TrainConfig:
     gen_max_new_tokens: int = 160
     gen_temperature: float = 0.6
     # precision of the sampling pass: "" = the target as loaded; float32 | bfloat16 | float16; "auto" =
-    # bfloat16 where products in it are native (AVX512-BF16 / AMX CPUs, CUDA), else as loaded. Measured
-    # (experiments/perf/gen_precision.py, AMD EPYC): bf16 1.66x faster, sampling distributions within a total
-    # variation of 0.016 of float32's; each shard records the precision it was sampled in
+    # bfloat16 where products in it are native (AVX512-BF16 / AMX CPUs, CUDA), else as loaded: faster,
+    # with sampling distributions close to float32's (docs/cpu-backend.md, gen-bf16); each shard
+    # records the precision it was sampled in
     gen_dtype: str = ""
     # train on the first shards only, up to this many tokens (0 = all the data): a learning curve,
     # or training while a long data stage is still adding shards to data_dir

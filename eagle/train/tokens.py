@@ -1,9 +1,9 @@
 """The token store: what a self-distillation run sampled, small enough to keep in the repository.
 
-Sampling the target's answers is the slow part of the data stage (~120 tokens/s on 2 CPU cores),
-while the features it keeps (~4.6 KB per token with the EAGLE-3 layers) are cheap to recompute from
-the tokens with one batched forward. A machine that starts empty (a new checkout, a CI runner, a
-session whose cache is gone) would otherwise sample everything again. So beside the feature shards
+Sampling the target's answers is the slow part of the data stage (one token per forward), while
+the features it keeps (~4.6 KB per token with the EAGLE-3 layers) are cheap to recompute from the
+tokens with one batched forward. A machine that starts empty (a new checkout, a CI runner, a
+cleared cache) would otherwise sample everything again. So beside the feature shards
 of ``data_dir`` the data stage mirrors each shard's tokens into ``tokens_dir`` (4 bytes per token:
 ``input_ids (N,) int32``, ``offsets (S+1,) int64``, ``prompt_lens (S,) int32``, one file per shard,
 same name) with a ``manifest.json`` that records the sampling settings and a hash of the prompts
@@ -37,8 +37,8 @@ TOKENS_FORMAT = "eagle-selfdistill-tokens/1"
 # the features of a rebuilt shard: one forward over at most this many (padded) positions at a time
 FEATURIZE_TOKENS = 4096
 # ... or over at most this many, when the small-row CPU GEMM (kernels/cpu_gemm.py) runs them faster
-# than MKL runs 4,096 (AMD EPYC: 749-819 against 505-584 tok/s, same features up to fp16 rounding,
-# `python experiments/perf/featurize_throughput.py`; the kernel's advantage fades with more rows)
+# than MKL runs 4,096 (same features up to fp16 rounding; the kernel's advantage fades with more
+# rows; docs/cpu-backend.md, featurize-kernel)
 STREAM_TOKENS = 256
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (runner, max_tokens)
 

@@ -134,9 +134,9 @@ class CpuBackend(Backend):
 
     def compile_step(self, step, size, decoder):
         """One graph for the whole step; each decoder layer one compiled region (regions.py), on a
-        parameter-sharing copy of ``decoder``. Why: the 30-layer step as one plain graph took
-        44-110 s to compile per bucket on 2 cores, and compiling each layer on its own left ~4 ms
-        per float32 step to the Python between the layers (docs/cpu-backend.md)."""
+        parameter-sharing copy of ``decoder``. Why: as one plain graph inductor builds every layer
+        of the step anew (slow to compile), and layers compiled on their own leave Python between
+        them in every step (docs/cpu-backend.md, compile-one-graph)."""
         use_inductor_cache()
         regional = self._regions(decoder, size)
         graph = torch.compile(lambda *args, **kw: step(*args, decoder=regional, **kw), dynamic=False,
