@@ -89,8 +89,8 @@ def test_the_precision_auto_took_is_reported():
 
     from eagle.bench import draft_precisions, format_table
 
-    configs = [SimpleNamespace(name="a", drafter=SimpleNamespace(dtype="auto")),
-               SimpleNamespace(name="b", drafter=SimpleNamespace(dtype="float32"))]
+    configs = [SimpleNamespace(name="a", drafter=SimpleNamespace(options=SimpleNamespace(dtype="auto"))),
+               SimpleNamespace(name="b", drafter=SimpleNamespace(options=SimpleNamespace(dtype="float32")))]
     decoders = {"a": SimpleNamespace(drafter=SimpleNamespace(dtype=torch.bfloat16)),
                 "b": SimpleNamespace(drafter=SimpleNamespace(dtype=torch.float32))}
     assert draft_precisions(decoders, configs) == {"a": "bfloat16"}
