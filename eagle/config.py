@@ -89,6 +89,10 @@ def _default_tree() -> TreeShape:
 
 @dataclass
 class DecodeConfig:
+    """One decoding setup: the drafter, the tree shape it drafts (a registered
+    :class:`eagle.TreeShape`; chain of 4 by default), the attention, the fallback and the target's
+    runtime. Built by :func:`load_config` / :func:`config_from_dict` (strict, checked) or in Python."""
+
     name: str = "plain"
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     tree: TreeShape = field(default_factory=_default_tree)  # a registered shape with its options

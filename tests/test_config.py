@@ -256,3 +256,24 @@ def test_from_config_takes_a_config_a_mapping_a_path_or_a_shipped_name(llama, tm
         dec = eagle.TreeDecoder.from_config(model, cfg)
         assert dec.drafter.__class__.__name__ == "NgramDrafter"
     assert eagle.Drafter and eagle.Sampling and eagle.TreeShape and eagle.ConfigError
+
+
+def test_shipped_names_are_found_without_importing_their_modules():
+    """A config finds every shipped drafter and shape by name; the modules they register from are
+    imported on the first lookup (a fresh interpreter: nothing of eagle.heads is loaded before)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from eagle.config import SHIPPED_DRAFTERS, SHIPPED_SHAPES, drafter_class, tree_shape_class
+assert "eagle.heads" not in sys.modules and "eagle.draft_model" not in sys.modules
+for name in SHIPPED_DRAFTERS:
+    assert drafter_class(name).name == name, name
+for name in SHIPPED_SHAPES:
+    assert tree_shape_class(name).name == name, name
+assert "eagle.heads.medusa" in sys.modules and "eagle.draft_model" in sys.modules
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
