@@ -151,8 +151,9 @@ def test_compiled_step_ab_checks_its_arguments():
 
 
 def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch):
-    """--what attention: the baseline side runs eagle/attention.py's folding without the CPU op
-    (a backend of its own), the shipped side with it; a step of each gives the same logits."""
+    """--what attention: both sides on the CPU backend; the baseline runs eagle/attention.py's
+    folding without the CPU op ("eagle_gqa_sdpa"), the shipped side the backend's op
+    ("eagle_cpu_sdpa"); a step of each gives the same logits."""
     from conftest import make_random_tree, make_tiny_model
 
     from eagle_kernels import cpu_attention
@@ -160,8 +161,9 @@ def test_compiled_step_ab_attention_sides_differ_only_in_the_cpu_op(monkeypatch)
     ab = _script("perf/compiled_step_ab")
     model = make_tiny_model("llama")
     (whole, _), (shipped, _) = ab.sides("attention", model, "").values()
-    assert whole.model.config._attn_implementation == "eagle_gqa_sdpa_whole_buffer"
-    assert shipped.model.config._attn_implementation == "eagle_gqa_sdpa"
+    assert whole.backend.name == shipped.backend.name == "cpu"
+    assert whole.model.config._attn_implementation == "eagle_gqa_sdpa"
+    assert shipped.model.config._attn_implementation == "eagle_cpu_sdpa"
     taken = []
     original = cpu_attention.masked_attention
     monkeypatch.setattr(cpu_attention, "masked_attention", lambda *a, **kw: taken.append(1) or original(*a, **kw))
@@ -199,6 +201,35 @@ def test_compiled_step_ab_attention_way_sides_switch_the_op():
     finally:
         tiled()
     assert cpu_attention.way() == "tiled"
+
+
+def test_compiled_step_ab_backend_sides_differ_in_one_choice_each():
+    """--what guards / asserts / mkl: every side on its own CPU backend object; guards switches the
+    backend's guard context between calls (the shipped one left set), asserts gives one side a
+    torch.compile backend of its own, mkl's baseline has MKL's buckets on F.linear (the
+    ``linear_ways`` patch undone after it is built)."""
+    from conftest import make_tiny_model
+
+    import eagle.backends.cpu as cb
+    from eagle_kernels.onednn import packed_gemm_available
+
+    ab = _script("perf/compiled_step_ab")
+    model = make_tiny_model("llama")
+    shipped_guards, ways = cb._guards_of, cb.linear_ways
+    (t1, every), (t2, warm) = ab.sides("guards", model, "").values()
+    assert t1 is t2 and t1.backend.name == "cpu"
+    try:
+        every()
+        assert cb._guards_of is not shipped_guards
+    finally:
+        warm()
+    assert cb._guards_of is shipped_guards
+    (checked, _), (plain_asserts, _) = ab.sides("asserts", model, "").values()
+    assert callable(checked.backend.step_backend) and plain_asserts.backend.step_backend == "inductor"
+    (plain, _), (mkl, _) = ab.sides("mkl", model, "").values()
+    assert cb.linear_ways is ways and not plain.backend.packed_rows
+    if packed_gemm_available():  # EAGLE_CPU_LINEAR=always (conftest): MKL from 4 rows on
+        assert mkl.backend.packed_rows == {b for b in mkl.runtime.buckets if b >= 4}
 
 
 def test_compiled_step_ab_head_sides_differ_only_in_the_greedy_head():

@@ -3,8 +3,8 @@ the other, in alternating order, so a slow spell of the machine hits both alike 
 project runs on drift by 2x over an hour; only such pairs are compared).
 
 ``--what guards``: warm keys with dynamo's differentiating guards only (as shipped) against every
-guard on every layer call (``eagle.target._guards_of`` replaced by a no-op for that side). One
-Target, the same compiled graphs.
+guard on every layer call (the CPU backend's ``_guards_of``, eagle/backends/cpu/__init__.py, replaced by a
+no-op for that side). One Target, the same compiled graphs.
 
 ``--what scope``: one graph per step whose decoder layers are one compiled region (as shipped,
 eagle/backends/cpu/regions.py) against each decoder layer compiled on its own (30
@@ -13,16 +13,18 @@ skipped once warm). Two Targets; the per-layer side binds its own copy of the la
 code, so dynamo keeps their graphs apart.
 
 ``--what asserts``: inductor's size, alignment and scalar checks left out of the step graph's
-Python wrapper (as shipped, ``eagle.target._STEP_OPTIONS``) against inductor's defaults (a
-backend of its own for that side, so dynamo keeps the two graphs apart). Two Targets.
+Python wrapper (as shipped, the CPU backend's ``_STEP_OPTIONS``) against inductor's defaults (a
+``torch.compile`` backend of its own for that side, ``CpuBackend(step_backend=...)``, so dynamo keeps
+the two graphs apart). Two Targets.
 
 ``--what mkl``: float32 buckets that ``linear_ways`` gives MKL's packed GEMM, run in compiled steps
 on copies the extension holds (as shipped, ``held_mkl_linear``) against ``F.linear`` (what compiled
-steps ran there before). Two Targets; the second's ways are the first's with MKL replaced.
+steps ran there before). Two Targets; the first's ways are the measured ones with MKL replaced.
 
 ``--what attention``: the CPU attention op that cuts the cache's empty slots off
-(kernels/cpu_attention.py, as shipped) against SDPA over the whole buffer (eagle/attention.py's
-folding without the op, registered as an attention backend of its own). Two Targets.
+(kernels/cpu_attention.py through ``eagle_cpu_sdpa``, eagle/backends/cpu/attention.py, as shipped)
+against SDPA over the whole buffer (eagle/attention.py's folding without the op, ``eagle_gqa_sdpa``,
+the eager backend's attention). Two Targets, both on the CPU backend.
 
 ``--what attention-way``: the attention op's float32 calls through its own tiled AVX-512 loop (as
 shipped) against SDPA on the same cut keys (``cpu_attention.set_way``, switched between calls). One
@@ -91,18 +93,19 @@ def _layerwise_target(model, runtime):
     to one graph per step: a parameter-sharing copy of the decoder per step whose layers' ``forward``
     is compiled (one graph for all layers: the layer index a symbolic integer), inductor's C++
     wrapper, dynamo's guards skipped after each step's first call."""
-    import eagle
-    import eagle.target as et
+    import eagle.backends.cpu as cb
     from eagle.attention import sharing_copy
     from eagle.backends.cpu.packed import PackedLinear
     from eagle.backends.cpu.regions import layer_hooks_outside
 
-    t = eagle.Target(model, "reference", runtime)
+    t = _target(model, runtime)
     code = _fresh_forward(type(model.get_decoder().layers[0]).forward)  # its own dynamo cache
 
     def compiled_step(size, layers=None):
         if (size, layers) not in t._steps:
-            base = t._packed_base if size in t.stream_rows | t.onednn_rows else t.base
+            # the twin's decoder for buckets on the kernel or oneDNN (MKL's copies are held by whole-step graphs only)
+            twin = t.backend.twin
+            base = twin.get_decoder() if size in t.backend.stream_rows | t.backend.onednn_rows else t.base
             copy_ = sharing_copy(base, share=[m.packed for m in base.modules() if isinstance(m, PackedLinear)])
             for mod in copy_.modules():
                 if isinstance(mod, PackedLinear):
@@ -115,7 +118,7 @@ def _layerwise_target(model, runtime):
 
             def step(tokens, positions, masks, slots, cache, **kernel):
                 with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=256), \
-                        et._guards_of(bool(warm)):
+                        cb._guards_of(bool(warm)):
                     out = t._run(tokens, positions, cache, masks, layers, base=copy_, cache_slots=slots, **kernel)
                 warm.append(True)
                 return out
@@ -127,73 +130,78 @@ def _layerwise_target(model, runtime):
     return t
 
 
+def _target(model, runtime, **options):
+    """A Target on the CPU backend with ``options`` (``CpuBackend``'s keyword arguments)."""
+    import eagle
+    from eagle.backends.cpu import CpuBackend
+
+    return eagle.Target(model, "reference", runtime, backend=CpuBackend(**options))
+
+
 def sides(what: str, model, dtype: str):
     """``{side name: (target, before_call)}``: ``before_call()`` puts the process in that side's state."""
-    import eagle
-    import eagle.target as et
+    import eagle.backends.cpu as cb
     from eagle.runtime import RuntimeConfig
 
     runtime = lambda **kw: RuntimeConfig(compile=True, dtype=dtype, **kw)  # noqa: E731
     if what == "guards":
-        t = eagle.Target(model, "reference", runtime())
-        real = et._guards_of
+        t = _target(model, runtime())
+        real = cb._guards_of  # looked up by the backend's compiled steps on every call
 
         def set_guards(fn):
-            return lambda: setattr(et, "_guards_of", fn)
+            return lambda: setattr(cb, "_guards_of", fn)
 
         return {"all guards": (t, set_guards(lambda warm: contextlib.nullcontext())),
                 "warm keys (shipped)": (t, set_guards(real))}
     if what == "scope":
         return {"each layer compiled": (_layerwise_target(model, runtime()), lambda: None),
-                "one graph per step (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+                "one graph per step (shipped)": (_target(model, runtime()), lambda: None)}
     if what == "asserts":
         from torch._inductor.compile_fx import compile_fx
 
         def checked(gm, example_inputs):  # inductor with its default checks
             return compile_fx(gm, example_inputs)
 
-        def use(backend):
-            return lambda: setattr(et, "_STEP_BACKEND", backend)
-
-        return {"with checks": (eagle.Target(model, "reference", runtime()), use(checked)),
-                "without (shipped)": (eagle.Target(model, "reference", runtime()), use("inductor"))}
+        return {"with checks": (_target(model, runtime(), step_backend=checked), lambda: None),
+                "without (shipped)": (_target(model, runtime()), lambda: None)}
     if what == "mkl":
-        real = et.linear_ways
-        try:  # the same measured ways, with F.linear where MKL won
-            et.linear_ways = lambda m, rows: {r: "plain" if w == "packed" else w for r, w in real(m, rows).items()}
-            plain = eagle.Target(model, "reference", runtime())
+        real = cb.linear_ways  # the name CpuBackend.prepare calls
+        try:  # the same measured ways (measured once per process), with F.linear where MKL won
+            cb.linear_ways = lambda m, rows, decide="measure": {
+                r: "plain" if w == "packed" else w for r, w in real(m, rows, decide=decide).items()}
+            plain = _target(model, runtime())
         finally:
-            et.linear_ways = real
-        shipped = eagle.Target(model, "reference", runtime())
-        print(f"# buckets on MKL's packed GEMM: {sorted(shipped.packed_rows)}")
+            cb.linear_ways = real
+        shipped = _target(model, runtime())
+        print(f"# buckets on MKL's packed GEMM: {sorted(shipped.backend.packed_rows)}")
         return {"F.linear": (plain, lambda: None), "MKL, held copies (shipped)": (shipped, lambda: None)}
     if what == "attention":
-        import functools
+        from eagle.attention import attention_view, register_gqa_sdpa
 
-        from eagle.attention import attention_view, gqa_sdpa, register_attention
-
-        whole = register_attention("eagle_gqa_sdpa_whole_buffer", functools.partial(gqa_sdpa, cpu_op=False))
-        return {"SDPA, whole buffer": (eagle.Target(attention_view(model, whole), "reference", runtime()), lambda: None),
-                "cut at the last seen key (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+        # the CPU backend views an SDPA model with its op ("eagle_cpu_sdpa"); a view already on
+        # "eagle_gqa_sdpa" (the eager backend's folding, no op) it runs as it is
+        whole = attention_view(model, register_gqa_sdpa())
+        return {"SDPA, whole buffer": (_target(whole, runtime()), lambda: None),
+                "cut at the last seen key (shipped)": (_target(model, runtime()), lambda: None)}
     if what == "attention-way":
         from eagle_kernels import cpu_attention
 
         if not cpu_attention.available():
             raise SystemExit("the CPU attention op is not available here (no CPU extension)")
-        t = eagle.Target(model, "reference", runtime())
+        t = _target(model, runtime())
         return {"SDPA": (t, lambda: cpu_attention.set_way("sdpa")),
                 "tiled loop (shipped)": (t, lambda: cpu_attention.set_way("tiled"))}
     if what == "head":
-        return {"every logit": (eagle.Target(model, "reference", runtime(greedy_head="full")), lambda: None),
-                "bf16 screen (shipped)": (eagle.Target(model, "reference", runtime()), lambda: None)}
+        return {"every logit": (_target(model, runtime(greedy_head="full")), lambda: None),
+                "bf16 screen (shipped)": (_target(model, runtime()), lambda: None)}
     if what == "tiles":
         from eagle_kernels import cpu_gemm
 
         ext = cpu_gemm._load()
         if ext is None:
             raise SystemExit(f"the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}")
-        t = eagle.Target(model, "reference", runtime())
-        print(f"# buckets on the kernel: {sorted(t.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
+        t = _target(model, runtime())
+        print(f"# buckets on the kernel: {sorted(t.backend.stream_rows)}; width chosen at load: {ext.tile_blocks()}")
         return {f"{nb} block{'s' if nb > 1 else ''}": (t, (lambda n=nb: ext.set_tile_blocks(n)))
                 for nb in range(1, ext.MAX_TILE_BLOCKS + 1)}
     if what == "plan":
@@ -201,10 +209,10 @@ def sides(what: str, model, dtype: str):
 
         if not cpu_gemm.available():
             raise SystemExit(f"the small-row kernel is not available here: {cpu_gemm.unavailable_reason()}")
-        t = eagle.Target(model, "reference", runtime())
+        t = _target(model, runtime())
         chosen = cpu_gemm.plan()
         default = {**cpu_gemm.DEFAULT_PLAN, "width": chosen["width"]}  # the width has its own A/B (tiles)
-        print(f"# buckets on the kernel: {sorted(t.stream_rows)}; default {default}; chosen {chosen}")
+        print(f"# buckets on the kernel: {sorted(t.backend.stream_rows)}; default {default}; chosen {chosen}")
         return {"default plan": (t, lambda: cpu_gemm.set_plan(**default)),
                 "chosen plan (shipped)": (t, lambda: cpu_gemm.set_plan(**chosen))}
     raise SystemExit(f"--what must be guards, scope, asserts, mkl, attention, attention-way, head, tiles or plan, got '{what}'")

@@ -9,6 +9,7 @@ difference between the two ways' fp16 features.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     from safetensors.torch import load_file
 
     import eagle
-    import eagle.backends.cpu.packed as pk
+    from eagle.backends.cpu import CpuBackend
     from eagle.train.tokens import FEATURIZE_TOKENS, STREAM_TOKENS, featurize
     from eagle_kernels import cpu_gemm
 
@@ -46,9 +47,7 @@ def main(argv=None) -> int:
     off, ids = shard["offsets"], shard["input_ids"].long()
     seqs = [ids[off[i]:off[i + 1]] for i in range(min(args.sequences, len(off) - 1))]
     n = sum(len(s) for s in seqs)
-    pk.DECIDE = "stream"  # the copy without timing ...
-    twin = pk.streaming_copy(model, rows=STREAM_TOKENS, upto=STREAM_TOKENS)
-    pk.DECIDE = "never"  # ... and the model itself stays on MKL (featurize would swap in a copy of its own)
+    twin = CpuBackend(linear="stream").fast_linears(model, STREAM_TOKENS, upto=STREAM_TOKENS)  # the copy without timing
     layers = (2, 15, 27)
     ways = {f"MKL, <= {FEATURIZE_TOKENS} positions": (model, FEATURIZE_TOKENS),
             f"kernel, <= {STREAM_TOKENS} positions": (twin, STREAM_TOKENS)}
@@ -60,8 +59,17 @@ def main(argv=None) -> int:
     def report(rnd, name, seconds):
         print(f"round {rnd + 1}: {name}: {n / seconds:.0f} tok/s", flush=True)
 
-    with torch.no_grad():
-        t = interleave({name: (lambda name=name: run(name)) for name in ways}, args.rounds, warmup=0, progress=report)
+    # the model itself stays on MKL: featurize's backend (EAGLE_CPU_LINEAR, its default way) makes no copy of its own
+    linear = os.environ.get("EAGLE_CPU_LINEAR")
+    os.environ["EAGLE_CPU_LINEAR"] = "never"
+    try:
+        with torch.no_grad():
+            t = interleave({name: (lambda name=name: run(name)) for name in ways}, args.rounds, warmup=0, progress=report)
+    finally:
+        if linear is None:
+            os.environ.pop("EAGLE_CPU_LINEAR")
+        else:
+            os.environ["EAGLE_CPU_LINEAR"] = linear
     a, b = (t.results[name] for name in ways)
     diff = max(max((x[0].float() - y[0].float()).abs().max().item(), (x[1].float() - y[1].float()).abs().max().item())
                for x, y in zip(a, b))

@@ -70,7 +70,8 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
     from eagle_kernels import cpu_gemm
 
     ext = cpu_gemm._load()
-    if ext is None or target.packed is None:
+    twin = getattr(target.backend, "twin", None)  # the CPU backend's packed twin of the model
+    if ext is None or twin is None:
         raise SystemExit(f"--kernel-split needs the small-row kernel's twin: {cpu_gemm.unavailable_reason() or 'no twin'}")
     spent = {"kernel": 0.0, "logits": 0.0}
 
@@ -93,7 +94,7 @@ def kernel_split(target, cache, prefix: int, sizes, repeats: int, random_tree) -
         spent["logits"] += time.perf_counter() - t0
         return out
 
-    weights = [m.weight for m in target.packed.modules() if isinstance(m, PackedLinear)]
+    weights = [m.weight for m in twin.modules() if isinstance(m, PackedLinear)]
     packs = [(cpu_gemm.packed_weight(w), w.shape[0]) for w in weights]
     vocab = target.lm_head.weight.shape[0]
     gen = torch.Generator().manual_seed(1)

@@ -1,11 +1,12 @@
 """Tree verification forward with grouped-query attention folded (``eagle_gqa_sdpa``, eagle/attention.py)
 against transformers' SDPA (K/V copied to every query head), in one process on the same Target.
 
-The Target's forward runs on its attention view (or that view's packed twin); this flips their
-attention implementation between the two backends, rounds alternating which goes first, and reports per tree
-size the median forward time of each and the median of the paired ratios (folded / copied). The
-backend's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is measured folded
-(both are put back on return).
+The Target's forward runs on its attention view (or, on the CPU backend, that view's packed twin);
+this flips their attention implementation between the two, rounds alternating which goes first,
+and reports per tree size the median forward time of each and the median of the paired ratios
+(folded / copied). Neither side takes the CPU backend's attention op (``eagle_cpu_sdpa``, which
+folds too). The folding's own threshold (``FOLD_BELOW``) is lifted for the run, so every size is
+measured folded (both are put back on return).
 
     python experiments/perf/gqa_fold_ab.py --prefix 300 --sizes 1,16,32,64 --rounds 9
 """
@@ -51,13 +52,15 @@ def main(argv=None) -> int:
 
     cc = _cost_curve()
     model, _ = eagle.load_target(args.target)
-    target = eagle.Target(model, "reference", cc.parse_path("static"))
-    # the models the forwards run on: the attention view, and its packed twin when there is one
-    configs = [m.config for m in (target.model, target.packed) if m is not None]
-    if target.model.config._attn_implementation != attention.GQA_SDPA:
-        print(f"{args.target}: the Target does not fold (attention '{target.model.config._attn_implementation}')",
-              file=sys.stderr)
+    if not attention.folds_gqa(model.config.get_text_config(decoder=True)):
+        print(f"{args.target}: nothing to fold (attention '{model.config._attn_implementation}', "
+              "or as many KV heads as query heads)", file=sys.stderr)
         return 2
+    target = eagle.Target(model, "reference", cc.parse_path("static"))
+    # the models the forwards run on: the attention view, and the backend's packed twin when there is one
+    configs = [m.config for m in (target.model, getattr(target.backend, "twin", None)) if m is not None]
+    shipped = [cfg._attn_implementation for cfg in configs]  # eagle_gqa_sdpa, or eagle_cpu_sdpa on the CPU backend
+    attention.register_gqa_sdpa()  # the CPU backend registers only its own
     fold_below, attention.FOLD_BELOW = attention.FOLD_BELOW, 1 << 30  # measure every size folded
     try:
         gen = torch.Generator().manual_seed(0)
@@ -88,10 +91,10 @@ def main(argv=None) -> int:
                 ratios = t.ratios("eagle_gqa_sdpa", "sdpa")  # folded / copied, round by round
                 print(f"| {T} | {ms['sdpa']:.1f} | {ms['eagle_gqa_sdpa']:.1f} | {t.median_ratio('eagle_gqa_sdpa', 'sdpa'):.3f} | "
                       f"{min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
-    finally:  # the Target as it was: folding, with its threshold
+    finally:  # the Target as it was: its own attention, with the threshold
         attention.FOLD_BELOW = fold_below
-        for cfg in configs:
-            cfg._attn_implementation = attention.GQA_SDPA
+        for cfg, impl in zip(configs, shipped):
+            cfg._attn_implementation = impl
     return 0
 
 

@@ -5,7 +5,7 @@ row-major again (what ``eagle.backends.cpu.lmhead.project`` may pick for float32
 interleaved (the order reversed every round) so background load hits both alike; medians in ms, and the ratio
 plain / transposed (> 1: transposed is faster). With ``--packed`` also MKL's packed GEMM with a
 weight packed for that row count (what a packed twin's LM head does for a tree bucket,
-eagle/packed.py), timed in the same rounds.
+eagle/backends/cpu/packed.py), timed in the same rounds.
 
     python experiments/perf/lm_head_orientation.py --vocab 49152 8192 --rows 1 2 4 8 10 16 32 61
 """
