@@ -8,13 +8,12 @@ committed prefix plus their own ancestors; the committed length never moves, so 
 features).
 
 ``dtype`` runs the head's fc + layer and the draft LM head in another precision than the target
-(e.g. bfloat16: half the weight bytes per level, and native bf16 matmuls on CPUs with AVX512-BF16).
+(e.g. bfloat16: half the weight bytes per level, and native bf16 products where the machine has them).
 Drafts only propose; the verifier still checks every token against the target in its own precision,
-so this changes speed and acceptance, never the output. In float32 on the CPU the head's linear
-layers run through the small-row kernel (``kernels/cpu_gemm.py``, on a copy sharing the head's
-weights) where a measurement at construction finds it faster.
+so this changes speed and acceptance, never the output. The head's products run the target
+backend's fastest way (``Backend.fast_linears``, ``Backend.project``).
 
-With a compiled target (``runtime.compile``) the head's tree levels are compiled too: a level's
+Where the target's backend compiles draft levels (``runtime.compile`` on CUDA), the head's tree levels are compiled too: a level's
 new nodes are padded to a fixed row count (``level_rows``, a power of two >= ``top_k``) and attend
 over the whole cache buffer under a dense mask (committed slots + their ancestors' slots), so every
 level of every step is the same graph (one per row count and cache capacity); padding rows write
@@ -29,9 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .eagle import DraftHead
-from ..attention import folds_gqa, register_gqa_sdpa, sharing_copy
+from ..attention import sharing_copy
 from ..kv import SlotCache
-from ..lmhead import project
 from ..target import Target
 from ..tree import Tree
 from ..draft.base import Drafter, Sampling, register_drafter
@@ -39,43 +37,13 @@ from ..draft.shape import TreeShape
 from ..runtime import DTYPES
 
 
-def fastest_dtype(target: Target, head: DraftHead, rows: int, repeats: int = 5) -> torch.dtype:
+def fastest_dtype(target: Target, head: DraftHead, rows: int) -> torch.dtype:
     """``drafter.dtype: auto``: the precision, float32 or bfloat16, in which a tree level's products
-    (``rows`` rows: the head's linear layers and the draft LM head) run faster on this machine. A
-    draft only proposes, so either keeps decoding lossless. bfloat16 on GPU; float32 on a CPU
-    without native bf16 products (there bf16 is emulated and slower, ``eagle.runtime.native_bf16``);
-    otherwise both are timed on the head's own weights (interleaved, best of ``repeats``: each linear
-    through the small-row kernel where it runs, the LM head through ``eagle.lmhead.project``, which
-    picks its fastest way), and bfloat16 must win by ``eagle.packed.MARGIN``."""
-    from eagle_kernels import cpu_gemm
-
-    from ..lmhead import project
-    from ..packed import MARGIN, _timed_pass
-    from ..runtime import native_bf16
-
-    dev = target.device
-    if dev.type == "cuda":
-        return torch.bfloat16
-    if not native_bf16(dev):
-        return torch.float32
-    lm = head.draft_weight(target.lm_head).detach()  # (Vd, H)
+    (``rows`` rows: the head's linear layers and the draft LM head) run faster here, as the target's
+    backend finds it (``Backend.draft_dtype``). A draft only proposes, so either keeps decoding
+    lossless."""
     linears = [m for m in head.modules() if type(m) is torch.nn.Linear]
-
-    def level(dtype):
-        w_lm = lm.to(dtype)
-        ws = [(m.weight.detach().to(dtype), None if m.bias is None else m.bias.detach().to(dtype)) for m in linears]
-        xs = {k: torch.randn(rows, k, dtype=dtype) for k in {w.shape[1] for w, _ in ws} | {w_lm.shape[1]}}
-
-        def run():
-            project(xs[w_lm.shape[1]], w_lm)  # (rows, Vd)
-            for w, b in ws:
-                cpu_gemm.small_linear(xs[w.shape[1]], w, b)
-
-        return run
-
-    with torch.no_grad():
-        t32, t16 = _timed_pass([level(torch.float32), level(torch.bfloat16)], repeats)
-    return torch.bfloat16 if t16 < (1 - MARGIN) * t32 else torch.float32
+    return target.backend.draft_dtype(head.draft_weight(target.lm_head).detach(), linears, rows)  # (Vd, H) head
 
 
 class EagleDrafter(Drafter):
@@ -102,20 +70,11 @@ class EagleDrafter(Drafter):
             for name, child in head.named_children():
                 if name != "rotary":
                     child.to(self.dtype)
-        if self.dtype in (torch.float32, torch.bfloat16):  # products through the small-row kernel where that measures faster
-            from ..packed import streaming_copy
-
-            head = streaming_copy(head, rows=shape.top_k) or head  # a level's rows: top_k frontier nodes
-        attention = None
-        if target.use_kernel:  # the head's tree levels go through the same kernel as the target
-            from ..target import register_tree_attention
-
-            attention = register_tree_attention()
-        elif folds_gqa(head.layer_config) and target.device.type == "cpu":
-            # grouped-query heads: each KV head read once for its query heads, keys cut after the
-            # last one a node sees (eagle/attention.py), instead of transformers' K/V copies per
-            # level: eagle2-dynamic's propose 12.8 -> 12.3 ms on the Intel Xeon with AMX, same trees
-            attention = register_gqa_sdpa()
+        # faster products for a level's rows (top_k frontier nodes) where the backend has a way
+        head = target.backend.fast_linears(head, shape.top_k) or head
+        # the head's tree levels go through the target's tree kernel, or the backend's attention
+        # for grouped-query heads (each KV head read once for its query heads, no K/V copies)
+        attention = target.backend.head_attention(head.layer_config, target.use_kernel)
         if attention is not None:
             if head is given:  # a config of its own: the caller's head keeps its attention
                 head = sharing_copy(head)
@@ -128,10 +87,9 @@ class EagleDrafter(Drafter):
         self.d2t = None if vmap is None else vmap.to(target.device)
         self.base_d2t = self.d2t
         self.extra_w = None  # prompt_vocab: the target LM head rows of the prompt's tokens outside Vd
-        # compile the tree levels with the target's steps on GPU (CUDA graphs); on the CPU compiled
-        # levels drafted no faster than eager ones (19.6 against 17.9 ms a step for eagle2-cpu on the
-        # AMD EPYC Zen 3, docs/results.md) and cost 7-8 s to compile each
-        self.compiled = target.compiled and target.device.type == "cuda"
+        # compile the tree levels with the target's steps where the backend says it pays (CUDA
+        # graphs; on the CPU compiled levels drafted no faster than eager ones: docs/cpu-backend.md)
+        self.compiled = target.compiled and target.backend.compiles_draft_levels
         self._levels: dict = {}  # (rows, cache capacity) -> compiled level
         self.compile_s: dict[tuple[int, int], float] = {}  # (rows, capacity) -> seconds of its first call
 
@@ -201,16 +159,12 @@ class EagleDrafter(Drafter):
         key = (rows, capacity)
         if key in self._levels:
             return self._levels[key]
-        from ..target import _inductor_cache_dir
-
-        _inductor_cache_dir()
-        mode = "reduce-overhead" if self.target.device.type == "cuda" else None
         head = self.head
 
         def level(feats, emb, pos, mask, slots, cache):  # the whole buffer: no cache_kv_len
             return head(feats, emb, pos, mask, cache=cache, cache_slots=slots)
 
-        compiled = torch.compile(level, dynamic=False, mode=mode)
+        compiled = self.target.backend.compile(level)
 
         def first_call(*args):
             t0 = time.perf_counter()
@@ -225,7 +179,7 @@ class EagleDrafter(Drafter):
         """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids);
         with ``prompt_vocab``, ``(n, Vd + E)``: the prompt's E other tokens after them."""
         x = self.head.pre_logits(feats)
-        logits = project(x, self.lm_w).float()
+        logits = self.target.backend.project(x, self.lm_w).float()
         if self.extra_w is None:
             return logits
         return torch.cat([logits, torch.nn.functional.linear(x, self.extra_w).float()], dim=-1)

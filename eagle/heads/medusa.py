@@ -10,7 +10,7 @@ tree gets the same candidates (head d's), so a whole tree costs one pass over th
 The LM head is either ``shared`` (the target's frozen LM head, restricted to the draft vocabulary's
 rows when there is one; not stored in the checkpoint) or ``own`` (one trainable LM head per head
 over the draft vocabulary, initialised from the target's rows, as Medusa-1 does; stored). The
-measured trade-off is in docs/results.md ("Medusa baseline").
+measured trade-off is in docs/results.md ("Medusa heads against the EAGLE head").
 
 Checkpoint: a folder with ``config.json`` (``{"type": "medusa", "target", "model_type",
 "hidden_size", "vocab_size", "num_heads", "lm_head", "draft_vocab"}``) and ``model.safetensors``
@@ -261,9 +261,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, target: Target, heads: MedusaHeads, shape: TreeShape, sample: bool = False,
                  dtype: torch.dtype | None = None):
         from ..config import ConfigError
-        from ..lmhead import project
-
-        self._project = project
+        self._project = target.backend.project
         depth = shape.depth
         if depth > heads.num_heads:
             raise ConfigError(f"tree depth {depth} needs {depth} Medusa heads, the head has {heads.num_heads} "
@@ -295,7 +293,7 @@ class MedusaDrafter(Drafter):
         states = self.heads.states(self.feature.to(self.dtype), self.depth)  # (D, H)
         if self.lm_w is not None:
             return self._project(states, self.lm_w).float()
-        if self.dtype == torch.float32:  # per head, in project's orientation (MKL's fast one for one row)
+        if self.dtype == torch.float32:  # per head, through the backend's product (its fastest way for one row)
             return torch.cat([self._project(states[j: j + 1], w) for j, w in enumerate(self.own_w)])
         return torch.bmm(self.own_w, states[:, :, None])[..., 0].float()  # (D, Vd, H) @ (D, H, 1)
 
