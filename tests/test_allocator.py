@@ -1,4 +1,4 @@
-"""eagle/allocator.py: when the ``eagle`` command re-executes itself under jemalloc, and that it
+"""eagle/backends/cpu/allocator.py: when the ``eagle`` command re-executes itself under jemalloc, and that it
 does so exactly once, keeping its command line (a subprocess, with a stand-in library path)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from eagle.allocator import JEMALLOC_CONF, allocator_env, find_jemalloc
+from eagle.backends.cpu.allocator import JEMALLOC_CONF, allocator_env, find_jemalloc
 
 
 def test_allocator_env_decisions():
@@ -52,7 +52,7 @@ def _libc() -> str:
 
 CHILD = ("import os, sys\n"
          "print('start', flush=True)\n"
-         "from eagle.allocator import use_fast_allocator\n"
+         "from eagle.backends.cpu.allocator import use_fast_allocator\n"
          "use_fast_allocator()\n"
          "print('args', sys.argv[1:], os.environ.get('LD_PRELOAD'), os.environ.get('MALLOC_CONF'))\n")
 

@@ -1,5 +1,7 @@
 """eagle/attention.py: grouped-query SDPA with the query heads folded (against transformers' own SDPA
-attention, which copies K/V to every query head) and the Target's parameter-sharing attention view."""
+attention, which copies K/V to every query head) and the Target's parameter-sharing attention view;
+eagle/backends/cpu/attention.py: the CPU backend's form of it, which sends small masked calls to
+the CPU extension's op."""
 from __future__ import annotations
 
 import types
@@ -12,8 +14,13 @@ from transformers.integrations import sdpa_attention
 from eagle_kernels import cpu_attention
 
 from eagle.attention import FOLD_BELOW, GQA_SDPA, attention_view, folds_gqa, gqa_sdpa, register_gqa_sdpa
+from eagle.backends.cpu import CpuBackend
+from eagle.backends.cpu.attention import CPU_SDPA, cpu_sdpa
+from eagle.backends.eager import EagerBackend
 from eagle.runtime import RuntimeConfig
 from eagle.target import Target
+
+BACKENDS = {"eager": (EagerBackend, GQA_SDPA), "cpu": (CpuBackend, CPU_SDPA)}  # name -> (class, implementation)
 
 
 def _inputs(B, Hkv, groups, T, P, D, gen, batch_mask=False):
@@ -43,7 +50,10 @@ def test_gqa_sdpa_equals_transformers_sdpa(groups, T, B, batch_mask):
 
 
 def test_gqa_sdpa_folds_trees_and_hands_the_rest_to_transformers(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "applies", lambda *a: False)  # the folding itself (the CPU op: below)
+    def no_cpu_op(*a, **kw):
+        raise AssertionError("gqa_sdpa (the eager backend's) never takes the CPU op")
+
+    monkeypatch.setattr(cpu_attention, "masked_attention", no_cpu_op)  # the folding itself (the CPU op: below)
     calls = []
     original = sdpa_attention.sdpa_attention_forward
     monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
@@ -63,25 +73,28 @@ def test_gqa_sdpa_folds_trees_and_hands_the_rest_to_transformers(monkeypatch):
 
 
 @pytest.mark.skipif(not cpu_attention.available(), reason="no CPU extension")
-def test_gqa_sdpa_takes_the_cpu_op_for_few_rows_with_a_boolean_mask(monkeypatch):
-    """CPU calls of at most MAX_ROWS query rows with a (B|1, 1, T, S) boolean mask go to
-    kernels/cpu_attention.py's op; others, and calls with score-changing keywords, do not."""
+def test_cpu_sdpa_takes_the_cpu_op_for_few_rows_with_a_boolean_mask(monkeypatch):
+    """cpu_sdpa: CPU calls of at most MAX_ROWS query rows with a (B|1, 1, T, S) boolean mask go to
+    kernels/cpu_attention.py's op (and give gqa_sdpa's result); others, and calls with
+    score-changing keywords, take gqa_sdpa."""
     taken = []
     original = cpu_attention.masked_attention
     monkeypatch.setattr(cpu_attention, "masked_attention", lambda *a, **kw: taken.append(a[0].shape[2]) or original(*a, **kw))
     gen = torch.Generator().manual_seed(5)
     module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True)
     for T in (1, 16, cpu_attention.MAX_ROWS):
-        gqa_sdpa(module, *_inputs(1, 2, 2, T, 10, 8, gen))
+        inputs = _inputs(1, 2, 2, T, 10, 8, gen)
+        out, _ = cpu_sdpa(module, *inputs)
+        torch.testing.assert_close(out, gqa_sdpa(module, *inputs)[0], atol=1e-5, rtol=1e-4)
     assert taken == [1, 16, cpu_attention.MAX_ROWS]
     q, k, v, mask = _inputs(1, 2, 2, cpu_attention.MAX_ROWS + 1, 10, 8, gen)
-    gqa_sdpa(module, q, k, v, mask)  # a prefill's many rows
+    cpu_sdpa(module, q, k, v, mask)  # a prefill's many rows
     q, k, v, mask = _inputs(1, 2, 2, 16, 10, 8, gen)
-    gqa_sdpa(module, q, k, v, mask.expand(1, 4, 16, 26))  # a per-head mask
-    gqa_sdpa(module, q, k, v, torch.zeros(mask.shape).masked_fill(~mask, float("-inf")))  # an additive mask
-    gqa_sdpa(module, q.requires_grad_(), k, v, mask)  # autograd
+    cpu_sdpa(module, q, k, v, mask.expand(1, 4, 16, 26))  # a per-head mask
+    cpu_sdpa(module, q, k, v, torch.zeros(mask.shape).masked_fill(~mask, float("-inf")))  # an additive mask
+    cpu_sdpa(module, q.requires_grad_(), k, v, mask)  # autograd
     with pytest.raises(ValueError, match="softcap"):
-        gqa_sdpa(module, q.detach(), k, v, mask, softcap=20.0)
+        cpu_sdpa(module, q.detach(), k, v, mask, softcap=20.0)
     assert taken == [1, 16, cpu_attention.MAX_ROWS]
 
 
@@ -97,10 +110,16 @@ def test_attention_view_shares_weights_and_leaves_the_model_alone():
     assert attention_view(view, GQA_SDPA) is view
 
 
-def test_target_runs_the_view_and_matches_the_model():
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_target_runs_the_view_and_matches_the_model(backend):
+    """Each backend runs a grouped-query model on a view with its own implementation (eager:
+    gqa_sdpa, cpu: cpu_sdpa); the caller's model keeps transformers' SDPA; same logits."""
+    cls, implementation = BACKENDS[backend]
+    if backend == "cpu" and not cpu_attention.available():
+        pytest.skip("no CPU extension")
     model = make_tiny_model("qwen2")
-    target = Target(model, "reference", RuntimeConfig(cache="static"))
-    assert target.model.config._attn_implementation == GQA_SDPA and model.config._attn_implementation == "sdpa"
+    target = Target(model, "reference", RuntimeConfig(cache="static"), backend=cls())
+    assert target.model.config._attn_implementation == implementation and model.config._attn_implementation == "sdpa"
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 128, (20,), generator=gen)
     cache = target.new_cache()
@@ -110,10 +129,11 @@ def test_target_runs_the_view_and_matches_the_model():
     torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=0)
 
 
-def test_no_view_without_grouped_queries():
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_no_view_without_grouped_queries(backend):
     model = make_tiny_model("llama")
     model.config.num_key_value_heads = model.config.num_attention_heads  # the check reads the config only
     assert not folds_gqa(model.config)
     eager = make_tiny_model("llama", attn="eager")
     assert not folds_gqa(eager.config)
-    assert Target(eager, "reference").model is eager
+    assert Target(eager, "reference", backend=BACKENDS[backend][0]()).model is eager

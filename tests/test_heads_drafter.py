@@ -14,8 +14,12 @@ from transformers import DynamicCache
 
 from eagle import Target, TreeDecoder
 from eagle.attention import GQA_SDPA
+from eagle.backends.cpu import CpuBackend
+from eagle.backends.cpu.attention import CPU_SDPA
+from eagle.backends.eager import EagerBackend
 from eagle.draft import TreeShape
 from eagle.heads.drafter import EagleDrafter
+from eagle.runtime import RuntimeConfig
 from eagle.tree import Tree
 
 from conftest import TINY_VOCAB, bigram_head, causal_mask, make_tiny_head_target, random_head
@@ -121,9 +125,12 @@ def test_head_cache_and_drafts_match_recomputation(arch, shape, head_kind):
         dv = torch.tensor(sorted(random.Random(9).sample(range(V), 48))) if head_kind.endswith("vocab") else None
         head = random_head(model, seed=3, draft_vocab=dv)
     dr = CheckedDrafter(target, head, shape)
-    # the tiny heads group their query heads (4 query / 2 KV heads): on the CPU the drafter's tree
-    # levels take the folded attention (eagle/attention.py), the reference head keeps transformers' SDPA
-    assert dr.head.layer_config._attn_implementation == GQA_SDPA
+    # the tiny heads group their query heads (4 query / 2 KV heads): the drafter's tree levels take
+    # the folded attention of the target's backend (eager: eagle/attention.py; cpu: its form with the
+    # CPU op, eagle/backends/cpu/attention.py), the reference head keeps transformers' SDPA
+    assert dr.head.layer_config._attn_implementation == {"eager": GQA_SDPA, "cpu": CPU_SDPA}[target.backend.name]
+    eager = EagleDrafter(Target(model, "reference", backend=EagerBackend()), head, shape)
+    assert eager.head.layer_config._attn_implementation == GQA_SDPA
     assert head.layer_config._attn_implementation == "sdpa" and dr.ref_head is head
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(3))
     out = TreeDecoder(target, dr).generate(prompt, 24)
@@ -227,26 +234,29 @@ def test_greedy_eagle_with_draft_vocab_is_lossless():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_drafting_through_the_small_row_kernel(dtype, monkeypatch):
+def test_drafting_through_the_small_row_kernel(dtype):
     """A float32 or bfloat16 drafter runs its head on a copy whose linear layers use the small-row
     kernel (kernels/cpu_gemm.py; bf16: its bfloat16 form) when that is chosen: the weights are
     shared, not copied (float32: the head's own; bf16: the drafter's cast copy), the draft trees
     have the tokens and (to rounding: 1e-4, bf16 0.05) the scores of F.linear drafting (bf16: the
     first tree; later ones may part at a bf16 tie), and greedy decoding stays lossless."""
-    import eagle.packed as pk
-    from eagle.packed import PackedLinear
+    from eagle.backends.cpu.packed import PackedLinear
     from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
     model = make_tiny_head_target("llama")
-    target = Target(model, "reference")
     head = random_head(model, seed=5)
     shape = TreeShape(shape="dynamic", depth=3, top_k=3, total_tokens=8)
-    monkeypatch.setattr(pk, "DECIDE", "stream")
-    fast = EagleDrafter(target, head, shape, dtype=dtype)
-    monkeypatch.setattr(pk, "DECIDE", "never")
-    slow = EagleDrafter(target, head, shape, dtype=dtype)
+
+    def target_with(linear: str) -> Target:
+        """A drafter's linear way is its target's CPU backend's; the target's own products stay plain
+        (no twin), so both targets give the same features."""
+        return Target(model, "reference", RuntimeConfig(packed_linear=False), backend=CpuBackend(linear=linear))
+
+    fast = EagleDrafter(target_with("stream"), head, shape, dtype=dtype)
+    slow = EagleDrafter(target_with("never"), head, shape, dtype=dtype)
+    target = fast.target
     linears = [m for m in fast.head.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.weight.dtype == dtype for m in linears) and fast.head is not head
     assert not any(isinstance(m, PackedLinear) for m in slow.head.modules())
@@ -266,7 +276,7 @@ def test_drafting_through_the_small_row_kernel(dtype, monkeypatch):
     plain = TreeDecoder(target).generate(prompt, 20).tokens
     for d in (fast, slow):
         d.__class__ = Recording
-        assert TreeDecoder(target, d).generate(prompt, 20).tokens == plain
+        assert TreeDecoder(d.target, d).generate(prompt, 20).tokens == plain
     ours, theirs = trees[id(fast)], trees[id(slow)]
     if dtype == torch.bfloat16:
         ours, theirs = ours[:1], theirs[:1]
@@ -315,28 +325,29 @@ def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
     """``drafter.dtype: auto``: float32 without timing where bf16 is not native; otherwise the two
     precisions' level products are timed (both really run) and bfloat16 must win by MARGIN; a
     config with ``dtype: auto`` builds a drafter in the chosen precision, and decoding stays lossless."""
-    import eagle.packed as pk
+    import eagle.backends.cpu as cpu
     from eagle.config import config_from_dict
     from eagle.heads.drafter import fastest_dtype
 
     model = make_tiny_head_target("llama")
-    target = Target(model, "reference")
+    target = Target(model, "reference", backend=CpuBackend())  # CpuBackend.draft_dtype times the two
     head = random_head(model, seed=3)
 
     def no_timing(fns, repeats):
         raise AssertionError("nothing to time without native bf16")
 
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
-    monkeypatch.setattr(pk, "_timed_pass", no_timing)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": False)
+    monkeypatch.setattr(cpu, "timed_pass", no_timing)
     assert fastest_dtype(target, head, rows=3) == torch.float32
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": True)
+    assert fastest_dtype(Target(model, "reference", backend=EagerBackend()), head, rows=3) == torch.float32  # no timing
     for secs, want in (((1.0, 0.5), torch.bfloat16), ((1.0, 0.99), torch.float32), ((1.0, 1.5), torch.float32)):
         def fake(fns, repeats, secs=secs):
             for fn in fns:  # both precisions' products really run
                 fn()
             return list(secs)
 
-        monkeypatch.setattr(pk, "_timed_pass", fake)
+        monkeypatch.setattr(cpu, "timed_pass", fake)
         assert fastest_dtype(target, head, rows=3) == want
     (tmp_path / "head").mkdir()
     monkeypatch.setattr("eagle.heads.load_head", lambda path, model: head)  # the random head, as if loaded

@@ -16,9 +16,8 @@ WAYS = ["kernel", pytest.param("onednn", marks=pytest.mark.skipif(
 
 
 @pytest.fixture(params=WAYS)
-def way(request, monkeypatch):
-    """Runs a test once per screen (``cpu_argmax.WAY``)."""
-    monkeypatch.setattr(cpu_argmax, "WAY", request.param)
+def way(request):
+    """Runs a test once per screen (the ``choice`` argument of ``screened_argmax`` / ``way``)."""
     return request.param
 
 
@@ -33,12 +32,12 @@ def test_equals_the_float64_argmax_on_random_heads(T, K, V, way):
     gen = torch.Generator().manual_seed(T * 1000 + K + V)
     hidden = torch.randn(T, K, generator=gen) * 3
     weight = torch.randn(V, K, generator=gen) * 0.1
-    best = cpu_argmax.screened_argmax(hidden, weight)
-    assert cpu_argmax.way(T, weight) == way
+    best = cpu_argmax.screened_argmax(hidden, weight, way)
+    assert cpu_argmax.way(T, weight, way) == way
     assert best.dtype == torch.int64 and best.shape == (T,)
     assert torch.equal(best, cpu_argmax.screened_argmax_reference(hidden, weight))
     # a row's answer does not depend on the other rows
-    assert torch.equal(best, torch.cat([cpu_argmax.screened_argmax(hidden[t:t + 1], weight) for t in range(T)]))
+    assert torch.equal(best, torch.cat([cpu_argmax.screened_argmax(hidden[t:t + 1], weight, way) for t in range(T)]))
 
 
 @needs_op
@@ -53,7 +52,7 @@ def test_where_the_screen_picks_wrong_the_exact_logits_decide(T, way):
     hidden = base + 0.5 * torch.randn(T, K, generator=gen)  # (T, K): each row's best is a near-tie
     exact = cpu_argmax.screened_argmax_reference(hidden, weight)
     assert (exact != _screen_only(hidden, weight)).sum() >= max(1, T // 2)  # the screen alone is wrong on most rows
-    assert torch.equal(cpu_argmax.screened_argmax(hidden, weight), exact)
+    assert torch.equal(cpu_argmax.screened_argmax(hidden, weight, way), exact)
 
 
 @needs_op
@@ -64,9 +63,9 @@ def test_ties_go_to_the_lowest_index_and_updates_of_the_head_are_seen(way):
     top = int(cpu_argmax.screened_argmax_reference(hidden[:1], weight))
     weight[40] = weight[top]  # an exact copy of the winner, at a higher index
     weight[top + 1:40] = weight[top + 1:40] * 0.01  # nothing else near it
-    assert int(cpu_argmax.screened_argmax(hidden[:1], weight)) == top
+    assert int(cpu_argmax.screened_argmax(hidden[:1], weight, way)) == top
     weight[top] = 0.0  # in place: the kept bf16 copy and norms are stale and must be made again
-    assert int(cpu_argmax.screened_argmax(hidden[:1], weight)) == 40 == int(
+    assert int(cpu_argmax.screened_argmax(hidden[:1], weight, way)) == 40 == int(
         cpu_argmax.screened_argmax_reference(hidden[:1], weight))
 
 
@@ -77,22 +76,22 @@ def test_rows_that_are_not_finite_and_calls_the_op_does_not_take(way):
     hidden = torch.randn(4, 48, generator=gen)
     hidden[1, 3] = float("inf")
     hidden[2, 0] = float("nan")
-    assert torch.equal(cpu_argmax.screened_argmax(hidden, weight), cpu_argmax.screened_argmax_reference(hidden, weight))
+    assert torch.equal(cpu_argmax.screened_argmax(hidden, weight, way), cpu_argmax.screened_argmax_reference(hidden, weight))
     assert not cpu_argmax.applies(hidden.bfloat16(), weight.bfloat16())
     assert not cpu_argmax.applies(hidden[0], weight)  # 1-D
     assert cpu_argmax.applies(hidden, weight)
     most = cpu_argmax.MAX_ROWS if cpu_argmax._onednn() else cpu_argmax.KERNEL_MAX_ROWS
     assert cpu_argmax.applies(hidden.repeat(most, 1)[:most], weight)
     assert not cpu_argmax.applies(hidden.repeat(most, 1)[:most + 1], weight)
-    bf = cpu_argmax.screened_argmax(hidden[[0, 3]].bfloat16(), weight.bfloat16())  # the reference's answer
+    bf = cpu_argmax.screened_argmax(hidden[[0, 3]].bfloat16(), weight.bfloat16(), way)  # the reference's answer
     assert torch.equal(bf, cpu_argmax.screened_argmax_reference(hidden[[0, 3]].bfloat16(), weight.bfloat16()))
 
 
 @needs_op
 def test_the_measured_way_is_kept_per_row_bucket_and_gives_the_same_answer(monkeypatch):
-    """``WAY = "measure"``: each row bucket (power of two) is timed once and one of the available
-    screens kept; beyond the kernel's rows only oneDNN's; the answers do not depend on the way."""
-    monkeypatch.setattr(cpu_argmax, "WAY", "measure")
+    """``choice="measure"`` (the default): each row bucket (power of two) is timed once and one of
+    the available screens kept; beyond the kernel's rows only oneDNN's; the answers do not depend on
+    the way; a choice that is not a way is an error naming the ways."""
     monkeypatch.setattr(cpu_argmax, "_MEASURED", {})
     gen = torch.Generator().manual_seed(11)
     weight = torch.randn(3000, 64, generator=gen)
@@ -100,7 +99,7 @@ def test_the_measured_way_is_kept_per_row_bucket_and_gives_the_same_answer(monke
     ways = {"kernel"} | ({"onednn"} if cpu_argmax._onednn() else set()) | ({"dot"} if cpu_argmax._dot() else set())
     for rows in (1, 3, 4, 16, 40):
         assert cpu_argmax.way(rows, weight) in ways
-        assert torch.equal(cpu_argmax.screened_argmax(hidden[:rows], weight),
+        assert torch.equal(cpu_argmax.screened_argmax(hidden[:rows], weight, "measure"),
                            cpu_argmax.screened_argmax_reference(hidden[:rows], weight))
     got = cpu_argmax.measurements()
     if cpu_argmax._onednn():
@@ -110,6 +109,8 @@ def test_the_measured_way_is_kept_per_row_bucket_and_gives_the_same_answer(monke
         assert all(m["way"] in ways and all(m[f"{n}_ms"] > 0 for n in ways) for m in got.values())
     else:
         assert got == {}
+    with pytest.raises(ValueError, match=r"screened argmax way must be one of .*got 'fast'"):
+        cpu_argmax.screened_argmax(hidden[:1], weight, "fast")
 
 
 @needs_op
@@ -119,7 +120,7 @@ def test_each_screen_stays_within_its_bound_where_rounding_errors_add_up():
     down) and a sum that bf16's output rounding moves further. The kernel's screen (float32 x,
     float32 result) errs by ~u |x| |w|, just inside its bound; oneDNN's (bf16 x, bf16 result) by
     ~2.5u, past the kernel's bound and inside its own (u = 2^-8)."""
-    from eagle.packed import onednn_pack
+    from eagle_kernels.onednn import onednn_pack
 
     from eagle_kernels import cpu_gemm
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle.weightmemo import WeightMemo
+from eagle_kernels.weightmemo import WeightMemo
 from eagle_kernels import cpu_gemm
 
 needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row kernel: {cpu_gemm.unavailable_reason()}")

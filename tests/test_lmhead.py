@@ -1,4 +1,4 @@
-"""The LM-head product (eagle/lmhead.py): every way equals F.linear; the measured choice is made once
+"""The LM-head product (eagle/backends/cpu/lmhead.py): every way equals F.linear; the measured choice is made once
 per (rows, weight), reused, and never serves a stale packed copy."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import gc
 import pytest
 import torch
 
-import eagle.lmhead as lmhead
-from eagle.packed import onednn_available, packed_gemm_available
-from eagle.weightmemo import WeightMemo
+import eagle.backends.cpu.lmhead as lmhead
+from eagle_kernels.onednn import onednn_available, packed_gemm_available
+from eagle_kernels.weightmemo import WeightMemo
 from eagle_kernels import cpu_gemm
 
 STREAM = ["stream"] if cpu_gemm.available() else []

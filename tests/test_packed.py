@@ -1,5 +1,6 @@
-"""The packed GEMM (eagle/packed.py): PackedLinear == F.linear, the packed twin shares the model's
-weights and leaves the model untouched, and a target with packed linears == the plain target."""
+"""The packed GEMM (eagle/backends/cpu/packed.py): PackedLinear == F.linear, the packed twin shares
+the model's weights and leaves the model untouched, and a target whose CPU backend runs a twin ==
+the plain target. Ways are forced through explicit arguments (``decide=``, ``CpuBackend(linear=)``)."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,11 @@ import torch
 from torch import nn
 
 from eagle import Target
-from eagle.packed import (MIN_ROWS, PackedLinear, linear_ways, onednn_available, packed_gemm_available,
-                          packed_row_counts, packed_twin, packing_measurements, packing_pays, stream_row_counts)
+from eagle.backends.cpu import CpuBackend
+from eagle.backends.cpu.packed import (MIN_ROWS, PackedLinear, linear_ways, packed_row_counts, packed_twin, packing_measurements,
+                                      packing_pays, stream_row_counts)
 from eagle_kernels import cpu_gemm
+from eagle_kernels.onednn import onednn_available, packed_gemm_available
 from eagle.runtime import RuntimeConfig
 
 from conftest import TINY_VOCAB, make_random_tree
@@ -57,27 +60,28 @@ def test_packed_twin_shares_weights_and_leaves_the_model_alone(tiny_model):
     swapped = [n for n, m in twin.named_modules() if isinstance(m, PackedLinear)]
     plain = [n for n, m in model.named_modules() if type(m) is nn.Linear and m is not model.get_output_embeddings()]
     assert swapped == plain and len(swapped) > 0
-    assert type(twin.get_output_embeddings()) is nn.Linear  # the LM head: eagle.lmhead.project
+    assert type(twin.get_output_embeddings()) is nn.Linear  # the LM head: eagle.backends.cpu.lmhead.project
     assert packed_twin(model, [1, 2, 3]) is None  # nothing >= MIN_ROWS to pack for
     assert packed_twin(copy.deepcopy(model).to(torch.bfloat16), [8]) is None  # not float32
 
 
 @needs_mkl
-def test_packed_target_equals_plain_target(tiny_model, monkeypatch):
+def test_packed_target_equals_plain_target(tiny_model):
     model = tiny_model("qwen2")  # q/k/v carry biases
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (17,), generator=gen)
-    # packing chosen for every bucket (on a tiny model the measurement would decide by noise)
-    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: {r: "packed" if r >= MIN_ROWS else "plain" for r in rows})
-    on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p)) for p in (True, False))
-    assert on.packed is not None and off.packed is None and off.packed_rows == frozenset()
+    # packing chosen for every bucket >= MIN_ROWS ("always"; on a tiny model the measurement would decide by noise)
+    on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p), backend=CpuBackend(linear="always"))
+               for p in (True, False))
+    assert on.backend.twin is not None and off.backend.twin is None and off.backend.packed_rows == frozenset()
+    assert on.backend.packed_rows == {b for b in on.runtime.buckets if b >= MIN_ROWS}
     for t in (on, off):
         t.cache = t.new_cache(64)
         t.prefill(prefix, t.cache)
     tree = make_random_tree(13, V, gen)
     torch.testing.assert_close(on.tree_forward(tree, on.cache).logits, off.tree_forward(tree, off.cache).logits,
                                atol=1e-4, rtol=0)
-    packed = [m for m in on.packed.modules() if isinstance(m, PackedLinear)]
+    packed = [m for m in on.backend.twin.modules() if isinstance(m, PackedLinear)]
     assert packed and all(16 in m.packed for m in packed)  # the 13-node tree ran as a packed 16-node bucket
 
 
@@ -94,11 +98,10 @@ def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monk
     """Per row count: packed chosen only when it beats the plain GEMM by MARGIN; measured once per
     process (memo), over the model's decoder weights; nothing measured where packing cannot apply;
     a Target whose buckets all lose to the plain GEMM runs without a twin."""
-    import eagle.packed as pk
+    import eagle.backends.cpu.packed as pk
 
     model = copy.deepcopy(tiny_model("llama"))
-    monkeypatch.setattr(pk, "_MEASURED", {})
-    monkeypatch.setattr(pk, "DECIDE", "measure")  # tests/conftest.py sets "always"
+    monkeypatch.setattr(pk, "_MEASURED", {})  # packing_pays measures (decide="measure" by default)
     monkeypatch.setattr(pk.cpu_gemm, "available", lambda: False)  # two ways here; three below
     calls = []
     verdict = {4: (1.0, 0.5), 8: (1.0, 0.99), 16: (1.0, 1.5)}  # rows -> (plain s, packed s)
@@ -110,25 +113,34 @@ def test_packing_pays_keeps_the_row_counts_that_measured_faster(tiny_model, monk
             fn()
         return list(verdict[rows])
 
-    monkeypatch.setattr(pk, "_timed_pass", fake)
+    monkeypatch.setattr(pk, "timed_pass", fake)
     assert packing_pays(model, [1, 2, 4, 8, 16]) == frozenset({4})  # 8: within the margin; 16: slower
     assert calls == [4, 8, 16]
     assert packing_pays(model, [4, 8, 16]) == frozenset({4}) and calls == [4, 8, 16]  # memo: not measured again
     got = {m["rows"]: m for m in packing_measurements()}
     assert got[4]["packed"] and not got[8]["packed"] and got[16]["packed_ms"] == 1500.0
     assert packing_pays(copy.deepcopy(model).half(), [8]) == frozenset() and len(calls) == 3  # float16: nothing to measure
-    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "plain"))
-    assert Target(model, "reference", RuntimeConfig()).packed is None
+    # a Target whose CPU backend measures every bucket slower packed runs without a twin
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    timed = []
+
+    def plain_wins(fns, repeats):
+        timed.append(len(fns))
+        return [1.0] + [2.0] * (len(fns) - 1)
+
+    monkeypatch.setattr(pk, "timed_pass", plain_wins)
+    target = Target(model, "reference", RuntimeConfig(), backend=CpuBackend(linear="measure"))
+    assert timed and target.backend.twin is None and target.backend.twin_rows == frozenset()
+    assert target.backend.decoder(max(target.runtime.buckets)) is None
 
 
 @needs_mkl
 def test_packing_pays_measures_real_products(tiny_model, monkeypatch):
     """Without a fake timer: a real measurement returns a subset of the asked row counts >= MIN_ROWS
     and records both timings."""
-    import eagle.packed as pk
+    import eagle.backends.cpu.packed as pk
 
     monkeypatch.setattr(pk, "_MEASURED", {})
-    monkeypatch.setattr(pk, "DECIDE", "measure")
     won = packing_pays(tiny_model("llama"), [1, 4, 8])
     assert won <= {4, 8}
     got = {m["rows"]: m for m in packing_measurements()}
@@ -144,7 +156,7 @@ needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"small-row k
 def _fake_timings(monkeypatch, verdict: dict, order: list) -> None:
     """linear_ways' timer replaced: the row counts are measured in ``order``, and row count r's ways
     take ``verdict[r]`` seconds (in linear_ways' order of ways); every way still runs once."""
-    import eagle.packed as pk
+    import eagle.backends.cpu.packed as pk
 
     rows = iter(order)
 
@@ -155,25 +167,25 @@ def _fake_timings(monkeypatch, verdict: dict, order: list) -> None:
             fn()
         return list(verdict[r])
 
-    monkeypatch.setattr(pk, "_timed_pass", fake)
+    monkeypatch.setattr(pk, "timed_pass", fake)
 
 
 @needs_kernel
 def test_linear_ways_picks_the_fastest_of_three(tiny_model, monkeypatch):
     """Each row count gets the fastest way (a non-plain way must win by MARGIN); one to three rows
-    are never packed; DECIDE="stream" sends every row count to the kernel."""
-    import eagle.packed as pk
+    are never packed; decide="stream" sends every row count to the kernel."""
+    import eagle.backends.cpu.packed as pk
 
     model = copy.deepcopy(tiny_model("llama"))
     monkeypatch.setattr(pk, "_MEASURED", {})
-    monkeypatch.setattr(pk, "DECIDE", "measure")
     # rows -> seconds of (plain, packed, stream), or (plain, stream) below MIN_ROWS
     verdict = {1: (1.0, 0.5), 2: (1.0, 0.99), 4: (1.0, 0.6, 0.8), 8: (1.0, 0.9, 0.5), 16: (1.0, 2.0, 3.0)}
     _fake_timings(monkeypatch, verdict, [1, 2, 4, 8, 16])
     assert linear_ways(model, [1, 2, 4, 8, 16]) == {1: "stream", 2: "plain", 4: "packed", 8: "stream", 16: "plain"}
     assert packing_pays(model, [4, 8]) == frozenset({4})  # memo: nothing measured again
-    monkeypatch.setattr(pk, "DECIDE", "stream")
-    assert linear_ways(model, [1, 8]) == {1: "stream", 8: "stream"}
+    assert linear_ways(model, [1, 8], decide="stream") == {1: "stream", 8: "stream"}
+    with pytest.raises(ValueError, match="linear way must be one of"):
+        linear_ways(model, [8], decide="bogus")
 
 
 def _same_tree_steps(on: Target, off: Target, prefix: torch.Tensor, gen: torch.Generator, tol) -> None:
@@ -195,17 +207,18 @@ def _same_tree_steps(on: Target, off: Target, prefix: torch.Tensor, gen: torch.G
 @needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_streamed_target_equals_plain_target(arch, dtype, tiny_model, monkeypatch):
+def test_streamed_target_equals_plain_target(arch, dtype, tiny_model):
     """A twin whose buckets run the small-row kernel (one-token steps included) gives the plain
     target's logits on random trees (bfloat16: up to its rounding, the same tokens); the caller's
     model is untouched."""
     model = copy.deepcopy(tiny_model(arch))  # its own twin
     gen = torch.Generator().manual_seed(7)
     prefix = torch.randint(0, V, (19,), generator=gen)
-    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, "stream"))
-    on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p, dtype=dtype)) for p in (True, False))
+    on, off = (Target(model, "reference", RuntimeConfig(packed_linear=p, dtype=dtype), backend=CpuBackend(linear="stream"))
+               for p in (True, False))
     tol = (1e-4, 0) if dtype == "float32" else (0.1, 0.02)
-    assert stream_row_counts(on.packed) >= {1, 4, 8, 16} and on.twin_rows >= {1, 4, 8, 16} and off.packed is None
+    assert stream_row_counts(on.backend.twin) >= {1, 4, 8, 16} and on.backend.twin_rows >= {1, 4, 8, 16}
+    assert off.backend.twin is None
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     _same_tree_steps(on, off, prefix, gen, tol)
 
@@ -228,7 +241,7 @@ def test_twin_stream_and_packed_rows_do_not_overlap(tiny_model):
                                               ("bfloat16", "onednn", "held_linear", (0.1, 0.02))])
 def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model, tmp_path, monkeypatch):
     """A compiled bucket step on the twin (one graph, each decoder layer a compiled region,
-    eagle/regions.py) calls the extension's C++ dispatcher op for every decoder product, with no
+    eagle/backends/cpu/regions.py) calls the extension's C++ dispatcher op for every decoder product, with no
     graph break, and equals the eager plain target. float32: the small-row kernel on its packed
     copies, or MKL's packed GEMM on copies held in the extension's table (buckets that MKL packs
     for); bfloat16: oneDNN on packed copies held in the extension's table (up to bf16
@@ -240,14 +253,15 @@ def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model,
     if way == "packed" and not packed_gemm_available():
         pytest.skip("no MKL packed GEMM in this torch build")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr("eagle.target.linear_ways", lambda m, rows: dict.fromkeys(rows, way))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = copy.deepcopy(tiny_model("llama"))
-    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True, dtype=dtype))
+    # the bucket's way: the kernel ("stream"), or "always" (MKL packed for float32, oneDNN for bfloat16)
+    backend = CpuBackend(linear="stream" if way == "stream" else "always")
+    comp = Target(model, "reference", RuntimeConfig(buckets=[8], compile=True, dtype=dtype), backend=backend)
     plain = Target(comp.model, "reference", RuntimeConfig(buckets=[8], packed_linear=False))
-    assert {"stream": comp.stream_rows, "onednn": comp.onednn_rows, "packed": comp.packed_rows}[way] == {8}
-    assert plain.packed is None
+    assert {"stream": backend.stream_rows, "onednn": backend.onednn_rows, "packed": backend.packed_rows}[way] == {8}
+    assert backend.twin_rows == {8} and plain.backend.twin is None
     op_name = f"{cpu_gemm._load().__name__}::{op}"
     gen = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, V, (15,), generator=gen)
@@ -267,7 +281,7 @@ def test_compiled_steps_run_the_kernel_as_an_op(dtype, way, op, tol, tiny_model,
         assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
         for t, c in ((comp, cc), (plain, cp)):
             t.crop(c, len(prefix))
-    n_linears = sum(1 for m in model.modules() if type(m) is nn.Linear) - 1  # the LM head: eagle.lmhead
+    n_linears = sum(1 for m in model.modules() if type(m) is nn.Linear) - 1  # the LM head: eagle.backends.cpu.lmhead
     assert calls == 2 * n_linears  # every decoder product of both steps went through the op
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the whole step
     assert list(comp.compile_s) == [8] and not torch._dynamo.utils.counters["graph_break"]
@@ -383,12 +397,11 @@ def test_a_held_weight_is_the_packed_product_and_its_slot_is_freed():
 def test_linear_ways_measures_onednn_for_bfloat16(tiny_model, monkeypatch):
     """A bfloat16 model's row counts choose among F.linear, the small-row kernel (where it runs) and
     oneDNN on packed copies (a way other than plain must win by MARGIN), measured per precision;
-    DECIDE="always" takes oneDNN; float16 stays plain."""
-    import eagle.packed as pk
+    decide="always" takes oneDNN; float16 stays plain."""
+    import eagle.backends.cpu.packed as pk
 
     model = copy.deepcopy(tiny_model("llama")).to(torch.bfloat16)
     monkeypatch.setattr(pk, "_MEASURED", {})
-    monkeypatch.setattr(pk, "DECIDE", "measure")
     kernel = cpu_gemm.available()
     # rows -> seconds of (plain, stream, onednn), or (plain, onednn) without the kernel
     verdict = {1: (1.0, 0.4, 0.5), 4: (1.0, 0.995, 0.99), 8: (1.0, 0.9, 0.8)}
@@ -397,19 +410,19 @@ def test_linear_ways_measures_onednn_for_bfloat16(tiny_model, monkeypatch):
     _fake_timings(monkeypatch, verdict, [1, 4, 8])
     assert linear_ways(model, [1, 4, 8]) == {1: "stream" if kernel else "onednn", 4: "plain", 8: "onednn"}
     assert {m["dtype"] for m in packing_measurements()} == {"bfloat16"}
-    monkeypatch.setattr(pk, "DECIDE", "always")
-    assert linear_ways(model, [1, 16]) == {1: "onednn", 16: "onednn"}
-    assert linear_ways(copy.deepcopy(tiny_model("llama")).half(), [1, 16]) == {1: "plain", 16: "plain"}
+    assert linear_ways(model, [1, 16], decide="always") == {1: "onednn", 16: "onednn"}
+    assert linear_ways(copy.deepcopy(tiny_model("llama")).half(), [1, 16], decide="always") == {1: "plain", 16: "plain"}
 
 
 @needs_onednn
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_onednn_target_equals_plain_bfloat16_target(arch, tiny_model):
-    """A bfloat16 target whose buckets take oneDNN on packed copies (tests: DECIDE="always") gives
+    """A bfloat16 target whose buckets take oneDNN on packed copies (``CpuBackend(linear="always")``) gives
     the F.linear target's logits on random trees, up to bf16 rounding, and picks the same tokens."""
     model = tiny_model(arch)
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, V, (19,), generator=gen)
-    on, off = (Target(model, "reference", RuntimeConfig(dtype="bfloat16", packed_linear=p)) for p in (True, False))
-    assert on.onednn_rows == set(on.runtime.buckets) and off.packed is None
+    on, off = (Target(model, "reference", RuntimeConfig(dtype="bfloat16", packed_linear=p), backend=CpuBackend(linear="always"))
+               for p in (True, False))
+    assert on.backend.onednn_rows == set(on.runtime.buckets) and off.backend.twin is None
     _same_tree_steps(on, off, prefix, gen, (0.05, 0.02))

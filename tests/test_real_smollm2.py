@@ -121,20 +121,25 @@ def test_self_drafter_random_static_tree(smol, prompts, expected):
 
 
 @pytest.mark.parametrize("config", ["plain", "eagle2-cpu"])
-def test_greedy_matches_generate_through_the_small_row_kernel(config, smol, prompts, expected, monkeypatch):
+def test_greedy_matches_generate_through_the_small_row_kernel(config, smol, prompts, expected):
     """Every bucket's layer products (one-token steps included) through kernels/cpu_gemm.py, as the
-    measurement picks it on AVX-512 machines: still exactly ``generate``'s tokens (float32)."""
-    import eagle.packed as pk
-    from eagle.packed import stream_row_counts
+    measurement picks it on AVX-512 machines (``CpuBackend(linear="stream")``): still exactly
+    ``generate``'s tokens (float32)."""
+    from eagle.backends.cpu import CpuBackend
+    from eagle.backends.cpu.packed import stream_row_counts
     from eagle_kernels import cpu_gemm
 
     if not cpu_gemm.available():
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
-    monkeypatch.setattr(pk, "DECIDE", "stream")
     model, _, _ = smol
-    dec = TreeDecoder.from_config(model, load_config(CONFIGS / f"{config}.yaml"))
-    buckets = set(dec.target.runtime.buckets)  # cut at the config's largest tree (plain: one-token steps only)
+    cfg = load_config(CONFIGS / f"{config}.yaml")
+    # the target from_config would make (buckets cut at the config's largest tree; float32: any row
+    # count), with the small-row kernel chosen for every bucket
+    target = Target(model, cfg.attention, cfg.runtime.fitted(cfg.max_tree_nodes()), backend=CpuBackend(linear="stream"))
+    dec = TreeDecoder.from_config(target, cfg)
+    assert dec.target is target
+    buckets = set(dec.target.runtime.buckets)  # plain: one-token steps only
     assert buckets == ({1} if config == "plain" else {1, 4, 8})
-    assert buckets <= stream_row_counts(dec.target.packed)
+    assert buckets <= stream_row_counts(target.backend.twin) == target.backend.stream_rows
     for ids, ref in zip(prompts, expected):
         assert dec.generate(ids, max_new_tokens=N_NEW).tokens == ref

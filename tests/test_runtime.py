@@ -26,7 +26,7 @@ def test_runtime_unknown_key_and_buckets():
 
 
 def test_native_bf16_reads_the_cpu_flags(tmp_path):
-    from eagle.runtime import native_bf16
+    from eagle.backends import native_bf16
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")

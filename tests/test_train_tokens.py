@@ -173,17 +173,18 @@ def test_gen_dtype_choices(tmp_path, model, monkeypatch):
     with pytest.raises(ConfigError, match=r"gen_dtype must be one of '', 'auto', 'float32', 'bfloat16', 'float16', got 'bf16'"):
         _cfg(tmp_path, "x", _prompts(tmp_path), gen_dtype="bf16")
     assert trainer.sampling_model(model, "") is model and trainer.sampling_model(model, "float32") is model
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": False)
     assert trainer.sampling_model(model, "auto") is model
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": True)
     low = trainer.sampling_model(model, "auto")
     assert low is not model and low.get_output_embeddings().weight.dtype == torch.bfloat16
 
 
 def test_featurize_through_the_small_row_kernel(model, monkeypatch):
     """Where the kernel is chosen, the rebuild runs on a weight-sharing copy in batches of at most
-    STREAM_TOKENS positions and gives the same features (up to fp16 rounding)."""
-    import eagle.packed as pk
+    STREAM_TOKENS positions and gives the same features (up to fp16 rounding). featurize asks the
+    given CPU backend's ``linear`` way (never / stream)."""
+    import eagle.backends.cpu.packed as pk
     import eagle.train.tokens as tk
     from eagle_kernels import cpu_gemm
 
@@ -191,14 +192,14 @@ def test_featurize_through_the_small_row_kernel(model, monkeypatch):
         pytest.skip(f"small-row kernel: {cpu_gemm.unavailable_reason()}")
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(2, V, (int(n),), generator=gen) for n in (5, 17, 9, 30, 12)]
-    monkeypatch.setattr(pk, "DECIDE", "never")
+    from eagle.backends.cpu import CpuBackend
+
     monkeypatch.setattr(tk, "_RUNNERS", tk.weakref.WeakKeyDictionary())
-    ref = featurize(model, seqs, (1, 2))
+    ref = featurize(model, seqs, (1, 2), backend=CpuBackend(linear="never"))
     assert tk._RUNNERS[model] == (model, tk.FEATURIZE_TOKENS)  # the kernel not chosen: the model itself
-    monkeypatch.setattr(pk, "DECIDE", "stream")
     monkeypatch.setattr(tk, "_RUNNERS", tk.weakref.WeakKeyDictionary())
     monkeypatch.setattr(tk, "STREAM_TOKENS", 32)  # several batches
-    out = featurize(model, seqs, (1, 2))
+    out = featurize(model, seqs, (1, 2), backend=CpuBackend(linear="stream"))
     runner, limit = tk._RUNNERS[model]
     assert runner is not model and limit == 32
     assert any(isinstance(m, pk.PackedLinear) for m in runner.modules())

@@ -395,10 +395,10 @@ def test_train_dtype_choices_and_autocast(monkeypatch):
             assert (a @ b).dtype == torch.float32
     with step_precision("float32", "cpu"):
         assert (a @ b).dtype == torch.float32
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": True)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": True)
     with step_precision("auto", "cpu"):
         assert (a @ b).dtype == torch.bfloat16
-    monkeypatch.setattr("eagle.runtime.native_bf16", lambda device="cpu": False)
+    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": False)
     with step_precision("auto", "cpu"):
         assert (a @ b).dtype == torch.float32
 

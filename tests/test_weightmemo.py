@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from eagle.weightmemo import WeightMemo
+from eagle_kernels.weightmemo import WeightMemo
 
 
 def test_kept_per_weight_and_extra_key_shared_by_views():

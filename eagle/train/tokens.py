@@ -99,19 +99,20 @@ def write_token_shard(folder: str | Path, manifest: dict, name: str, tensors: di
 
 @torch.no_grad()
 def featurize(model, seqs: list[torch.Tensor], layers: tuple[int, ...] = (),
-              max_tokens: int = FEATURIZE_TOKENS) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+              max_tokens: int = FEATURIZE_TOKENS, backend=None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """The features the sampling pass keeps, recomputed from the tokens: per sequence ``ids (n,)``,
     ``(hidden (n, H), fused (n, k*H) or None)`` in float16: the final-norm feature at every position,
     and the hidden states entering ``layers`` (transformers' ``hidden_states`` indices), concatenated.
     Sequences of similar length share a right-padded batch of at most ``max_tokens`` positions
     (at most ``STREAM_TOKENS`` on a weight-sharing copy of the model whose products take the
-    small-row kernel, where timing the model's layers at that row count finds it faster)."""
+    small-row kernel, where timing the model's layers at that row count finds it faster).
+    ``backend``: the one that decides that (default: ``auto`` for the model's device)."""
     if max_tokens > STREAM_TOKENS:
         if model not in _RUNNERS:
             from ..backends import make_backend
 
-            twin = make_backend("auto", next(model.parameters()).device).fast_linears(model, STREAM_TOKENS,
-                                                                                      upto=STREAM_TOKENS)
+            backend = backend or make_backend("auto", next(model.parameters()).device)
+            twin = backend.fast_linears(model, STREAM_TOKENS, upto=STREAM_TOKENS)
             _RUNNERS[model] = (twin, STREAM_TOKENS) if twin is not None else (model, max_tokens)
         model, max_tokens = _RUNNERS[model]
     base = model.get_decoder()

@@ -9,7 +9,6 @@ difference between the two ways' fp16 features.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -52,24 +51,17 @@ def main(argv=None) -> int:
     ways = {f"MKL, <= {FEATURIZE_TOKENS} positions": (model, FEATURIZE_TOKENS),
             f"kernel, <= {STREAM_TOKENS} positions": (twin, STREAM_TOKENS)}
 
+    never = CpuBackend(linear="never")  # the model itself stays on MKL: featurize makes no copy of its own
+
     def run(name):
         runner, limit = ways[name]
-        return featurize(runner, seqs, layers, max_tokens=limit)  # limit <= STREAM_TOKENS: no copy of its own
+        return featurize(runner, seqs, layers, max_tokens=limit, backend=never)
 
     def report(rnd, name, seconds):
         print(f"round {rnd + 1}: {name}: {n / seconds:.0f} tok/s", flush=True)
 
-    # the model itself stays on MKL: featurize's backend (EAGLE_CPU_LINEAR, its default way) makes no copy of its own
-    linear = os.environ.get("EAGLE_CPU_LINEAR")
-    os.environ["EAGLE_CPU_LINEAR"] = "never"
-    try:
-        with torch.no_grad():
-            t = interleave({name: (lambda name=name: run(name)) for name in ways}, args.rounds, warmup=0, progress=report)
-    finally:
-        if linear is None:
-            os.environ.pop("EAGLE_CPU_LINEAR")
-        else:
-            os.environ["EAGLE_CPU_LINEAR"] = linear
+    with torch.no_grad():
+        t = interleave({name: (lambda name=name: run(name)) for name in ways}, args.rounds, warmup=0, progress=report)
     a, b = (t.results[name] for name in ways)
     diff = max(max((x[0].float() - y[0].float()).abs().max().item(), (x[1].float() - y[1].float()).abs().max().item())
                for x, y in zip(a, b))

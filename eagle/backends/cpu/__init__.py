@@ -111,7 +111,7 @@ class CpuBackend(Backend):
             packed = {r for r, w in ways.items() if w == "packed" and (not runtime.compile or cpu_gemm.available())}
             stream = {r for r, w in ways.items() if w == "stream"}
             onednn = {r for r, w in ways.items() if w == "onednn"}
-            self.twin = packed_twin(model, packed, stream, onednn) if packed or stream or onednn else None
+            self.twin = packed_twin(model, packed, stream, onednn, key=self.linear) if packed or stream or onednn else None
             self.packed_rows = packed_row_counts(self.twin)  # buckets whose steps take MKL's packed GEMM
             self.stream_rows = stream_row_counts(self.twin)  # buckets whose products take the small-row kernel
             self.onednn_rows = onednn_row_counts(self.twin)  # buckets whose bf16 products take oneDNN, packed
@@ -225,7 +225,7 @@ class CpuBackend(Backend):
         small-row kernel measures faster (same results up to rounding), else the model."""
         ways = linear_ways(model, batch_sizes, decide=self.linear)
         return packed_twin(model, [r for r, w in ways.items() if w == "packed"],
-                           [r for r, w in ways.items() if w == "stream"]) or model
+                           [r for r, w in ways.items() if w == "stream"], key=self.linear) or model
 
 
 BACKEND = CpuBackend

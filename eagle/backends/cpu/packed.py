@@ -40,7 +40,7 @@ __all__ = ["PackedLinear", "LINEAR_WAYS", "packed_twin", "packed_row_counts", "s
            "packing_pays", "linear_ways", "packing_measurements", "streaming_copy", "MIN_ROWS"]
 
 MIN_ROWS = 4  # one to three rows already run at the one-row speed with the plain GEMM
-_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its packed twin
+_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {key: its packed twin}
 # packing_pays: the products it times stream this many MB of the model's weights (well past the
 # caches, as in a real step), and packing must win by this fraction to be chosen
 MEASURE_MB = 64
@@ -159,7 +159,7 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], w.shape[0])
 
 
-def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) -> nn.Module | None:
+def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=(), key=None) -> nn.Module | None:
     """The model's one packed twin (see the module docstring), its packed row counts extended to
     ``row_counts`` (those >= ``MIN_ROWS``), its small-row-kernel row counts to ``stream_rows`` and,
     for a bfloat16 model, its oneDNN row counts to ``onednn_rows``; shared by every caller on that
@@ -167,7 +167,9 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
     the CPU; float32 without MKL or a row count >= MIN_ROWS to pack, and without the kernel or a
     stream row count; bfloat16 without oneDNN's bf16 GEMM or an onednn row count; other
     precisions). The LM head stays a plain layer: ``eagle.backends.cpu.lmhead.project`` multiplies by its weight
-    the way measured fastest for it (docs/cpu-backend.md, lmhead-project)."""
+    the way measured fastest for it (docs/cpu-backend.md, lmhead-project).
+    ``key``: callers whose ways are chosen alike (the CPU backend's ``linear`` setting) share one
+    twin per model and key, so one backend's choice never changes another's twin."""
     w = model.get_output_embeddings().weight
     if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -180,11 +182,11 @@ def packed_twin(model: nn.Module, row_counts, stream_rows=(), onednn_rows=()) ->
         onednn = frozenset(r for r in onednn_rows if r >= 1) - stream
     if not rows and not stream and not onednn:
         return None
-    twin = _TWINS.get(model)
+    twin = _TWINS.setdefault(model, {}).get(key)
     if twin is None:
         lm_head = model.get_output_embeddings()
         twin = sharing_copy(model, lambda mod: PackedLinear(mod, rows, stream, onednn_rows=onednn), skip=lm_head)
-        _TWINS[model] = twin
+        _TWINS[model][key] = twin
     else:
         for mod in twin.modules():
             if isinstance(mod, PackedLinear):
