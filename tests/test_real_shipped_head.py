@@ -39,7 +39,8 @@ def test_drafter_time_script_restores_the_drafter_state(smollm2):
     spec.loader.exec_module(mod)
     config = load_config(ROOT / "experiments/configs/eagle2-dynamic.yaml")
     for dtype in ("float32", "bfloat16"):
-        cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, dtype=dtype))
+        options = dataclasses.replace(config.drafter.options, dtype=dtype)
+        cfg = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, options=options))
         times, trees, compile_s = mod.propose_times(*smollm2, cfg, "Name three primary colors.", step=3, repeats=2)
         assert len(times) == 2 and min(times) > 0 and len(trees) == 3 and compile_s == 0
         assert len(trees[0]) == config.tree.options.total_tokens + 1
