@@ -29,8 +29,8 @@ ATTENTION = ("auto", "triton", "reference")
 # the modules the shipped drafters and tree shapes register from, imported on the first lookup of
 # their name (so a config finds them without the caller importing anything)
 SHIPPED_DRAFTERS = {"none": "eagle.draft.base", "self": "eagle.draft.selfdraft", "ngram": "eagle.draft.ngram",
-                    "eagle": "eagle.heads.drafter", "eagle3": "eagle.heads.drafter", "medusa": "eagle.heads.medusa",
-                    "model": "eagle.draft_model"}
+                    "eagle": "eagle.heads.drafter", "eagle3": "eagle.heads.drafter", "hybrid": "eagle.heads.hybrid",
+                    "medusa": "eagle.heads.medusa", "model": "eagle.draft_model"}
 SHIPPED_SHAPES = {"chain": "eagle.draft.shape", "static": "eagle.draft.shape", "dynamic": "eagle.draft.shape",
                   "auto": "eagle.draft.auto"}
 
