@@ -29,8 +29,8 @@ ATTENTION = ("auto", "triton", "reference")
 # the modules the shipped drafters and tree shapes register from, imported on the first lookup of
 # their name (so a config finds them without the caller importing anything)
 SHIPPED_DRAFTERS = {"none": "eagle.draft.base", "self": "eagle.draft.selfdraft", "ngram": "eagle.draft.ngram",
-                    "eagle": "eagle.heads.drafter", "eagle3": "eagle.heads.drafter", "hybrid": "eagle.heads.hybrid",
-                    "medusa": "eagle.heads.medusa", "model": "eagle.draft_model"}
+                    "lookahead": "eagle.draft.lookahead", "eagle": "eagle.heads.drafter", "eagle3": "eagle.heads.drafter",
+                    "hybrid": "eagle.heads.hybrid", "medusa": "eagle.heads.medusa", "model": "eagle.draft_model"}
 SHIPPED_SHAPES = {"chain": "eagle.draft.shape", "static": "eagle.draft.shape", "dynamic": "eagle.draft.shape",
                   "auto": "eagle.draft.auto"}
 
@@ -64,7 +64,7 @@ def tree_shape_class(name: str) -> type[TreeShape]:
 @dataclass
 class DrafterConfig:
     """The ``drafter:`` section: ``type``, a registered drafter's name (shipped: none = plain
-    decoding, self, ngram, eagle, eagle3, medusa, model), and ``options``, that drafter's
+    decoding, self, ngram, lookahead, eagle, eagle3, medusa, model), and ``options``, that drafter's
     ``Options`` (its defaults when None)."""
 
     type: str = "none"

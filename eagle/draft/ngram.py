@@ -16,6 +16,9 @@ class NgramDrafter(Drafter):
     (its trees are tries of continuations, not grown); needs no target."""
 
     grows_tree = False
+    # extra continuations keyed by the last token, tried after the text's own matches: e.g. a
+    # lookahead drafter's pool (eagle.draft.lookahead.NgramPool: ``get(token, k)``); None: unused
+    pool = None
 
     @dataclass
     class Options:
@@ -51,6 +54,11 @@ class NgramDrafter(Drafter):
                     found.append(cont)
                     if len(found) >= self.branches:
                         return found
+        if self.pool is not None:
+            for cont in self.pool.get(int(hist[-1]), self.branches):
+                cont = list(cont[: self.depth])
+                if len(found) < self.branches and not any(f[: len(cont)] == cont for f in found):
+                    found.append(cont)
         return found
 
     def propose(self, root: int, sampling: Sampling) -> Tree:
