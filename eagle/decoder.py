@@ -256,6 +256,8 @@ class TreeDecoder:
             t2 = time.perf_counter()
             path, bonus = greedy_accept(tree, scores) if sampling.greedy else verify(tree, scores, temperature, top_p, gen)
             Target.commit(cache, prefix_len, path)
+            if tree.side is not None:  # rows the drafter ran beside the tree (e.g. a lookahead window)
+                drafter.observe_side(res.side)
             new = tree.tokens[path[1:]].tolist() + [bonus]
             # stop exactly at EOS or at the token budget
             room = max_new_tokens - len(emitted)

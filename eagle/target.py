@@ -55,9 +55,11 @@ class TreeOutput:
     asked for; ``logits (T, V)`` float32 and :meth:`greedy`, the LM head's, computed on first use
     (a greedy step asks only for the argmax, which the target may get without every logit)."""
 
-    def __init__(self, hidden: torch.Tensor, layers: torch.Tensor | None, head, argmax=None):
+    def __init__(self, hidden: torch.Tensor, layers: torch.Tensor | None, head, argmax=None,
+                 side: "TreeOutput | None" = None):
         self.hidden = hidden
         self.layers = layers
+        self.side = side  # the tree's side rows' own output (eagle.tree.SideRows), or None
         self._head = head  # () -> (T, V) logits
         self._argmax = argmax  # () -> (T,) argmax of the logits without them, or None: it does not apply
         self._logits: torch.Tensor | None = None
@@ -172,13 +174,17 @@ class Target:
         return self.backend.greedy_argmax(hidden, self.lm_head.weight)
 
     def _output(self, hidden: torch.Tensor, fused: torch.Tensor | None, head_in: torch.Tensor,
-                keep: int | None = None) -> TreeOutput:
+                keep: int | None = None, side: TreeOutput | None = None) -> TreeOutput:
         """The :class:`TreeOutput` of features ``hidden`` and ``fused``, whose LM head runs over the
         rows ``head_in`` and keeps the first ``keep`` (default: all) of their logits: a prefill's last
         position, or a padded bucket of which the tree's T rows are kept (MKL packs for the bucket)."""
         keep = head_in.shape[0] if keep is None else keep
         return TreeOutput(hidden, fused, lambda: self.logits(head_in)[:keep],
-                          lambda: self._greedy_argmax(head_in[:keep]))
+                          lambda: self._greedy_argmax(head_in[:keep]), side)
+
+    def _side_output(self, hidden: torch.Tensor, T: int, N: int) -> TreeOutput | None:
+        """The output of rows ``T..N`` of a forward's ``hidden``: a tree's side rows (None if none)."""
+        return None if N == T else self._output(hidden[T:N], None, hidden[T:N])
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask, layers: tuple[int, ...] | None = None,
              base=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -260,22 +266,31 @@ class Target:
         :class:`~eagle.kv.SlotCache` gets them written at slots ``prefix_len + i`` (its committed
         length does not move until :meth:`commit`), with the tree padded to its bucket. ``layers``:
         also return the hidden states entering these layers, from the same forward.
+
+        A tree with side rows (:class:`eagle.tree.SideRows`) runs them in the same forward after
+        its nodes, at their own positions under their own mask (they see the prefix and the side
+        rows they are given, the nodes never see them); their output is ``TreeOutput.side``, and
+        :meth:`commit` drops their cache entries with every node off the accepted path.
         """
         layers = self.check_layers(layers)
         if isinstance(cache, SlotCache):
             return self._tree_forward_static(tree, cache, layers)
-        prefix_len = cache.get_seq_length()
-        tokens = tree.tokens.to(self.device)
-        positions = tree.positions(prefix_len).to(self.device)  # (T,)
-        extra = {"tree_mask": tree.packed_mask().to(self.device)} if self.use_kernel else {}
-        mask = self._tree_masks(tree.ancestor_mask().to(self.device), prefix_len, positions)
+        prefix_len, T = cache.get_seq_length(), len(tree)
+        tokens, offsets, sees = (t.to(self.device) for t in tree.forward_rows())  # (N,), (N,), (N, N)
+        positions = prefix_len + offsets  # (N,)
+        extra = {"tree_mask": pack_bits(sees)} if self.use_kernel else {}
+        mask = self._tree_masks(sees, prefix_len, positions)
         hidden, fused = self._run(tokens, positions, cache, mask, layers, **extra)
-        return self._output(hidden, fused, hidden)
+        N = len(tokens)
+        return self._output(hidden[:T], None if fused is None else fused[:T], hidden[:T],
+                            side=self._side_output(hidden, T, N))
 
     def _tree_forward_static(self, tree: Tree, cache: SlotCache, layers: tuple[int, ...] | None) -> TreeOutput:
         P, T, dev = cache.length, len(tree), self.device
-        size = self.runtime.bucket(T)
-        tokens, depth, anc = pad_tree(tree.tokens.to(dev), tree.depth.to(dev), tree.ancestor_mask().to(dev), size)
+        tokens, offsets, sees = tree.forward_rows()  # (N,) nodes then side rows
+        N = len(tokens)
+        size = self.runtime.bucket(N)
+        tokens, depth, anc = pad_tree(tokens.to(dev), offsets.to(dev), sees.to(dev), size)
         positions = P + depth  # (Tb,)
         slots = torch.arange(P, P + size, device=dev)  # (Tb,) node i -> slot P + i
         cache.reserve(P + size)
@@ -299,7 +314,8 @@ class Target:
         # the backend may run the LM head over the whole bucket (a fixed row count it is fast for);
         # the padding rows are dropped after
         return self._output(hidden[:T], None if fused is None else fused[:T],  # padding rows dropped
-                            hidden[:self.backend.head_rows(size, T)], T)
+                            hidden[:T] if N > T else hidden[:self.backend.head_rows(size, T)], T,
+                            side=self._side_output(hidden, T, N))
 
     def _compiled_step(self, size: int, layers: tuple[int, ...] | None = None):
         """The compiled forward of a ``size``-node step (compiled by the backend on its first call,

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["Tree", "choices_to_parents", "chain_choices", "pack_bits", "ancestors_from_parents"]
+__all__ = ["Tree", "SideRows", "choices_to_parents", "chain_choices", "pack_bits", "ancestors_from_parents"]
 
 
 def ancestors_from_parents(parents: torch.Tensor) -> torch.Tensor:
@@ -89,6 +89,38 @@ def choices_to_parents(choices: Sequence[Sequence[int]]) -> tuple[list[int], lis
 
 
 @dataclass(frozen=True)
+class SideRows:
+    """Rows a target forward runs beside a tree without being part of it (lookahead decoding's
+    Jacobi window): their outputs go back to the drafter, never to the verifier.
+
+    Attributes:
+        tokens: ``(S,)`` int64 token ids.
+        offsets: ``(S,)`` int64 positions after the prefix (the root sits at offset 0, so a side
+            row continuing the root's text has offset >= 1): position = ``prefix_len + offset``.
+        sees: ``(S, S)`` bool; ``[i, j]``: side row i attends side row j (each row sees itself).
+            Every side row also sees the whole prefix and the tree's root (the last emitted token,
+            at offset 0); no tree node sees a side row and no side row sees another tree node.
+    """
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    sees: torch.Tensor
+
+    def __post_init__(self):
+        S = self.tokens.shape[0] if self.tokens.dim() == 1 else -1
+        if S < 1 or self.offsets.shape != (S,) or self.sees.shape != (S, S) or self.sees.dtype != torch.bool:
+            raise ValueError(f"side rows need tokens (S,), offsets (S,) and a bool sees (S, S), got "
+                             f"{tuple(self.tokens.shape)}, {tuple(self.offsets.shape)}, {tuple(self.sees.shape)}")
+        if not bool(self.sees.diagonal().all()):
+            raise ValueError("every side row must see itself (sees[i, i])")
+        if bool((self.offsets < 1).any()):
+            raise ValueError("side rows sit after the root: offsets must be >= 1")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
 class Tree:
     """A candidate tree rooted at the last emitted token.
 
@@ -99,12 +131,15 @@ class Tree:
             sampled without replacement (in child order). ``None`` means the children are
             deterministic (e.g. top-k); the stochastic verifier then treats each one as a point mass.
         scores: optional ``(T,)`` cumulative draft log-probability of each node (for inspection).
+        side: optional :class:`SideRows` the same target forward runs beside the tree (not part
+            of it: ``len(tree)``, masks, paths and verification are the tree's alone).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     q: torch.Tensor | None = None
     scores: torch.Tensor | None = None
+    side: SideRows | None = None
 
     def __post_init__(self):
         tokens, parents = self.tokens, self.parents
@@ -142,7 +177,27 @@ class Tree:
             raise ValueError("select() needs the root and every kept node's parent")
         return Tree(self.tokens[keep], new_par,
                     None if self.q is None else self.q[keep],
-                    None if self.scores is None else self.scores[keep])
+                    None if self.scores is None else self.scores[keep], self.side)
+
+    def with_side(self, side: SideRows | None) -> "Tree":
+        """This tree with ``side`` rows run beside it in the same forward."""
+        return Tree(self.tokens, self.parents, self.q, self.scores, side)
+
+    def forward_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What one target forward runs: ``tokens (T+S,)``, ``offsets (T+S,)`` after the prefix
+        (a node's depth; a side row's offset) and ``sees (T+S, T+S)`` bool: the ancestor mask and
+        the side rows' own mask on the diagonal, the side rows seeing the root, nothing else across
+        (``S = 0`` without side rows)."""
+        anc = self.ancestor_mask()
+        if self.side is None:
+            return self.tokens, self.depth, anc
+        T, S, dev = len(self), len(self.side), self.tokens.device
+        sees = torch.zeros(T + S, T + S, dtype=torch.bool, device=dev)
+        sees[:T, :T] = anc
+        sees[T:, T:] = self.side.sees.to(dev)
+        sees[T:, 0] = True  # the root: the last emitted token, which the side rows continue
+        return (torch.cat([self.tokens, self.side.tokens.to(dev)]), torch.cat([self.depth, self.side.offsets.to(dev)]),
+                sees)
 
     # ---- derived structure --------------------------------------------------------------------
     def __len__(self) -> int:

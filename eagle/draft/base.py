@@ -38,6 +38,10 @@ class Drafter(ABC):
       ``prompt[1:] + [first token]``);
     * ``propose(root, sampling) -> Tree`` once per step.
 
+    A drafter whose trees carry side rows (:class:`eagle.tree.SideRows`, e.g. lookahead decoding's
+    window) gets their output from the same target forward through :meth:`observe_side`, after
+    verification and before ``extend``.
+
     A drafter that a config can name registers with :func:`register_drafter` and is built as
     ``cls(target, tree, options)``: the :class:`eagle.Target`, the config's tree shape
     (:class:`eagle.draft.shape.TreeShape`) and its nested dataclass ``Options`` filled from the
@@ -101,6 +105,10 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, root: int, sampling: Sampling) -> Tree:
         ...
+
+    def observe_side(self, side) -> None:
+        """The output (:class:`eagle.target.TreeOutput`: ``greedy()``, ``logits``, ``hidden``) of
+        the side rows the last proposed tree carried, from the verifying forward. Default: ignored."""
 
 
 DRAFTERS = Registry("drafter", Drafter)
