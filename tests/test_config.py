@@ -193,8 +193,8 @@ def test_non_mapping_sections(tmp_path, text):
     ("drafter: {type: ngram, min_ngram: 0}\n", "min_ngram"),
     ("drafter: {type: ngram, branches: 0}\n", "branches"),
     ("drafter: {type: eagle, head: h, dtype: int8}\n", "drafter.dtype"),
-    ("drafter: {type: warp}\n", r"drafter.type must be one of the registered drafters \(eagle, eagle3, hybrid, medusa, "
-                                 r"model, ngram, none, self\), got 'warp'"),
+    ("drafter: {type: warp}\n", r"drafter.type must be one of the registered drafters \(eagle, eagle3, hybrid, lookahead, "
+                                 r"medusa, model, ngram, none, self\), got 'warp'"),
     ("tree: {shape: pyramid}\n", r"tree.shape must be one of the registered tree shapes \(auto, chain, dynamic, static\)"),
     ("drafter: {type: model}\n", "drafter.type 'model' needs drafter.model"),
     ("drafter: {type: eagle3}\n", "drafter.type 'eagle3' needs drafter.head"),
