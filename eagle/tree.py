@@ -166,6 +166,22 @@ class Tree:
         """A chain: root ``tokens[0]`` followed by ``tokens[1:]``, each the child of the previous."""
         return cls.from_lists(tokens, list(range(-1, len(tokens) - 1)), device=device)
 
+    @classmethod
+    def trie(cls, root: int, continuations, device=None) -> "Tree":
+        """The trie of token ``continuations`` (lists) under ``root``: shared prefixes share nodes,
+        in the order the continuations come."""
+        tokens, parents = [root], [-1]
+        index: dict[tuple[int, int], int] = {}
+        for cont in continuations:
+            node = 0
+            for t in cont:
+                if (node, t) not in index:
+                    tokens.append(t)
+                    parents.append(node)
+                    index[(node, t)] = len(tokens) - 1
+                node = index[(node, t)]
+        return cls.from_lists(tokens, parents, device=device)
+
     def select(self, keep: torch.Tensor) -> "Tree":
         """The sub-tree of nodes ``keep`` (sorted indices, must include 0 and be ancestor-closed)."""
         keep = torch.as_tensor(keep, dtype=torch.long, device=self.tokens.device).sort().values

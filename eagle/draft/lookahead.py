@@ -133,19 +133,10 @@ class LookaheadDrafter(Drafter):
         self.start = root_pos + 1
 
     def propose(self, root: int, sampling: Sampling) -> Tree:
-        tokens, parents = [root], [-1]
-        trie: dict[tuple[int, int], int] = {}
-        for cont in self.pool.get(root, self.G):
-            node = 0
-            for t in cont:
-                if (node, t) not in trie:
-                    tokens.append(t)
-                    parents.append(node)
-                    trie[(node, t)] = len(tokens) - 1
-                node = trie[(node, t)]
+        tree = Tree.trie(root, self.pool.get(root, self.G))
         self._align()
         self.proposed = [list(lv) for lv in self.levels]
-        return Tree.from_lists(tokens, parents).with_side(window_rows(self.proposed))
+        return tree.with_side(window_rows(self.proposed))
 
     def observe_side(self, side) -> None:
         """One Jacobi step: the last level's greedy outputs become the newest level; once the window

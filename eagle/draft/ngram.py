@@ -62,14 +62,4 @@ class NgramDrafter(Drafter):
         return found
 
     def propose(self, root: int, sampling: Sampling) -> Tree:
-        tokens, parents = [root], [-1]
-        trie: dict[tuple[int, int], int] = {}
-        for cont in self.continuations():
-            node = 0
-            for t in cont:
-                if (node, t) not in trie:
-                    tokens.append(t)
-                    parents.append(node)
-                    trie[(node, t)] = len(tokens) - 1
-                node = trie[(node, t)]
-        return Tree.from_lists(tokens, parents)
+        return Tree.trie(root, self.continuations())
