@@ -64,12 +64,14 @@ class Backend:
         if tree_kernel:
             model.set_attn_implementation(register_tree_attention())
             return model
-        return self._attention_view(model)
-
-    def _attention_view(self, model: nn.Module) -> nn.Module:
         if folds_gqa(model.config.get_text_config(decoder=True)):
-            return attention_view(model, register_gqa_sdpa())
+            return attention_view(model, self.gqa_attention())
         return model
+
+    def gqa_attention(self) -> str:
+        """The registered attention implementation grouped-query SDPA models (targets and draft
+        heads) run on: query heads folded per KV head (eagle/attention.py)."""
+        return register_gqa_sdpa()
 
     def decoder(self, size: int) -> nn.Module | None:
         """The decoder a static step of ``size`` rows runs (``None``: the model's own)."""
@@ -105,7 +107,7 @@ class Backend:
         """The attention implementation a draft head of layer ``config`` should run (``None``: its own)."""
         if tree_kernel:
             return register_tree_attention()
-        return register_gqa_sdpa() if folds_gqa(config) else None
+        return self.gqa_attention() if folds_gqa(config) else None
 
     def fast_linears(self, module: nn.Module, rows: int, upto: int = 64) -> nn.Module | None:
         """A parameter-sharing copy of ``module`` (a draft head; a model's layers) whose products

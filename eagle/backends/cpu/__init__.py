@@ -118,12 +118,8 @@ class CpuBackend(Backend):
             self.twin_rows = self.packed_rows | self.stream_rows | self.onednn_rows
         return model
 
-    def _attention_view(self, model):
-        from ...attention import attention_view, folds_gqa
-
-        if folds_gqa(model.config.get_text_config(decoder=True)):
-            return attention_view(model, register_cpu_sdpa())
-        return model
+    def gqa_attention(self):
+        return register_cpu_sdpa()  # small masked calls through the CPU extension's op
 
     def decoder(self, size):
         return self.twin.get_decoder() if self.twin is not None and size in self.twin_rows else None
@@ -184,13 +180,6 @@ class CpuBackend(Backend):
         return None
 
     # ---- drafters and training ------------------------------------------------------------------
-    def head_attention(self, config, tree_kernel):
-        from ...attention import folds_gqa
-
-        if tree_kernel or not folds_gqa(config):
-            return super().head_attention(config, tree_kernel)
-        return register_cpu_sdpa()
-
     def fast_linears(self, module, rows, upto=64):
         return streaming_copy(module, rows=rows, upto=upto, decide=self.linear)
 

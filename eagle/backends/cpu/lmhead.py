@@ -75,8 +75,8 @@ def _candidates(rows: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[
 
 def _measure(hidden: torch.Tensor, weight: torch.Tensor, ways: dict, repeats: int = 3) -> str:
     """The name of the fastest way (best of ``repeats`` interleaved calls after one warm-up each)."""
-    secs = timed_pass([lambda fn=fn: fn(hidden, weight) for fn in ways.values()], repeats)
-    return min(zip(secs, ways))[1]
+    secs = dict(zip(ways, timed_pass([lambda fn=fn: fn(hidden, weight) for fn in ways.values()], repeats)))
+    return min(secs, key=secs.get)  # the first listed on a tie
 
 
 def project(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
