@@ -35,6 +35,16 @@ def _checked(kind, ok, rule: str):
 
 
 _positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+
+
+def _name_list(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of names (no empty ones)."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got '{text}'")
+    return names
+
+
 _temperature = _checked(float, lambda v: v >= 0, ">= 0")
 _top_p = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 
@@ -80,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
     b.add_argument("--per-category", type=_positive_int, default=None,
                    help="use the first N rows of each category (a deterministic stratified subset; before --limit)")
+    b.add_argument("--subtasks", type=_name_list, default=None, metavar="A,B,...",
+                   help="use only these Spec-Bench subtasks (mt_bench, translation, summarization, qa, "
+                        "math_reasoning, rag) or categories; before --per-category")
     b.add_argument("--json", required=True,
                    help="output JSON path; a PNG of tau and speedup per subtask is written beside it, and the "
                         "runs so far to OUT.records.json (rerunning the same command resumes from them)")
@@ -105,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
     s.add_argument("--per-category", type=_positive_int, default=None,
                    help="use the first N rows of each category (before --limit)")
+    s.add_argument("--subtasks", type=_name_list, default=None, metavar="A,B,...",
+                   help="use only these Spec-Bench subtasks or categories (before --per-category)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=None, help="default 128")
     s.add_argument("--temperature", type=_temperature, default=None, help="0 = greedy (default)")
     s.add_argument("--top-p", type=_top_p, default=None)
@@ -269,7 +284,7 @@ def _bench(args) -> None:
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise UsageError(f"two configs share a name: {names}")
-    questions = load_questions(args.prompts, args.limit, args.per_category)
+    questions = load_questions(args.prompts, args.limit, args.per_category, args.subtasks)
     _check_output_file(args.json)
     _check_drafters(configs)
     # every finished run is kept beside the results, so an interrupted bench resumes where it stopped
@@ -296,7 +311,7 @@ def _bench(args) -> None:
                        on_compiled=lambda c: print(format_compile(c), file=sys.stderr),
                        records=state["records"], on_record=on_record)
     result.update(command="eagle " + " ".join(args.argv), prompt_file=str(args.prompts),
-                  per_category=args.per_category, limit=args.limit, resumed_runs=resumed)
+                  per_category=args.per_category, subtasks=args.subtasks, limit=args.limit, resumed_runs=resumed)
     write_json(result, args.json)
     print(format_table(result))
     if blocks := format_categories(result):
@@ -321,7 +336,7 @@ def _sweep_spec(args):
     keys = [a.key for a in axes]
     if args.temperature is not None and "temperature" in keys:
         raise UsageError("--temperature and a 'temperature' grid axis both given")
-    for name in ("base", "prompts", "limit", "per_category", "max_new_tokens", "temperature", "top_p", "x", "lines"):
+    for name in ("base", "prompts", "limit", "per_category", "subtasks", "max_new_tokens", "temperature", "top_p", "x", "lines"):
         if getattr(args, name) is not None:
             setattr(spec, name, getattr(args, name))
     if not spec.base:
@@ -344,11 +359,13 @@ def _sweep(args) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    prompts = load_questions(spec.prompts, spec.limit or None, spec.per_category or None)
+    prompts = load_questions(spec.prompts, spec.limit or None, spec.per_category or None, spec.subtasks or None)
     max_new = spec.max_new_tokens or 128
     extra = {"base": spec.base, "prompt_file": spec.prompts, "limit": spec.limit}
     if spec.per_category:  # (absent otherwise, so earlier sweep folders still resume)
         extra["per_category"] = spec.per_category
+    if spec.subtasks:
+        extra["subtasks"] = spec.subtasks
     load_state(out, sweep_settings(prompts, max_new, spec.top_p, args.target, **extra))  # resumable here?
     print(f"sweep: {len(cells)} cells x {len(prompts)} prompts, {max_new} new tokens -> {out}", file=sys.stderr)
     _quiet_transformers()

@@ -68,13 +68,15 @@ def _row(obj, where: str) -> Question:
     return Question(tuple(turns), category, str(obj.get("question_id", "")))
 
 
-def load_questions(path: str | Path, limit: int | None = None, per_category: int | None = None) -> list[Question]:
+def load_questions(path: str | Path, limit: int | None = None, per_category: int | None = None,
+                   subtasks: list[str] | None = None) -> list[Question]:
     """Read a JSONL prompts file: one object per line, either ``{"prompt": str}`` or the Spec-Bench /
     MT-bench form ``{"question_id", "category", "turns": [str, ...]}``. Blank lines are skipped.
 
-    ``per_category``: keep the first N rows of each ``category`` (file order kept: a deterministic
-    stratified subset); ``limit``: then keep the first N rows. Every row is checked, so a bad row
-    fails here (naming file and line) before any model is loaded.
+    ``subtasks``: keep only the rows of these Spec-Bench subtasks (:func:`subtask`: ``mt_bench`` or a
+    category); ``per_category``: then keep the first N rows of each ``category`` (file order kept: a
+    deterministic stratified subset); ``limit``: then keep the first N rows. Every row is checked, so a
+    bad row fails here (naming file and line) before any model is loaded.
     """
     path = Path(path)
     if not path.is_file():
@@ -90,6 +92,11 @@ def load_questions(path: str | Path, limit: int | None = None, per_category: int
         rows.append(_row(obj, f"{path}:{n}"))
     if not rows:
         raise PromptFileError(f"prompts file has no prompts: {path}")
+    if subtasks:
+        have = sorted({q.subtask for q in rows})
+        if unknown := [t for t in subtasks if t not in have]:
+            raise PromptFileError(f"--subtasks: {path} has no rows of {', '.join(unknown)} (it has: {', '.join(have)})")
+        rows = [q for q in rows if q.subtask in subtasks]
     if per_category is not None:
         if not any(q.category for q in rows):
             raise PromptFileError(f"--per-category {per_category} selects nothing: no row of {path} has a "

@@ -61,6 +61,7 @@ class SweepSpec:
     prompts: str = ""
     limit: int = 0  # 0 = all prompts
     per_category: int = 0  # > 0: the first N rows of each category (a stratified subset)
+    subtasks: list[str] = field(default_factory=list)  # only these Spec-Bench subtasks (empty: all)
     max_new_tokens: int = 0  # 0 = the command's default
     temperature: float = 0.0
     top_p: float = 1.0
@@ -373,7 +374,9 @@ CSV_FIELDS = ["cell", "temperature", "tau", "alpha", "tokens_per_s", "speedup", 
 def format_table(summary: dict, axes: list[str]) -> str:
     """Markdown: the baselines per temperature, then one row per cell."""
     s = summary["settings"]
-    subset = (f"first {s['per_category']} rows per category, " if s.get("per_category") else "") + f"{s.get('limit') or 'all'} prompts"
+    subset = ((f"subtasks {', '.join(s['subtasks'])}, " if s.get("subtasks") else "")
+              + (f"first {s['per_category']} rows per category, " if s.get("per_category") else "")
+              + f"{s.get('limit') or 'all'} prompts")
     lines = [f"target `{s['target']}`, {s.get('prompt_file', '')} ({subset}), "
              f"{s['max_new_tokens']} new tokens, top_p {s['top_p']}", ""]
     for t, b in summary["baselines"].items():

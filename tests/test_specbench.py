@@ -53,6 +53,18 @@ def test_bad_rows_name_file_and_line(tmp_path, row, message):
         load_questions(path)
 
 
+def test_subtasks_select_rows_before_per_category(tmp_path):
+    from eagle.prompts import PromptFileError, load_questions
+
+    path = _write(tmp_path / "q.jsonl", ROWS)
+    assert [q.question_id for q in load_questions(path, subtasks=["summarization", "rag"])] == ["3", "4", "5"]
+    assert [q.question_id for q in load_questions(path, per_category=1, subtasks=["summarization", "rag"])] == ["3", "5"]
+    assert [q.question_id for q in load_questions(path, subtasks=["mt_bench"])] == ["1", "2"]  # the pooled name
+    with pytest.raises(PromptFileError, match=r"--subtasks: .*q\.jsonl has no rows of qa \(it has: mt_bench, rag, "
+                                              r"summarization\)"):
+        load_questions(path, subtasks=["rag", "qa"])
+
+
 def test_per_category_that_selects_nothing(tmp_path):
     from eagle.prompts import PromptFileError, load_questions
 
@@ -181,3 +193,10 @@ def test_sweep_reads_question_files_per_category(tiny_target, tmp_path, capsys):
         assert list(c["categories"]) == ["mt_bench", "summarization", "rag"]
     table = (out / "table.md").read_text()
     assert "(first 1 rows per category, all prompts)" in table and "| 6/6 |" in table  # identical turns of all turns
+    # --subtasks: only those rows (the settings record it, so the folder does not resume another subset)
+    out2 = tmp_path / "sw2"
+    assert main(args[:-1] + [str(out2), "--subtasks", "rag,summarization"]) == 0, capsys.readouterr().err
+    r = json.loads((out2 / "results.json").read_text())
+    assert r["settings"]["subtasks"] == ["rag", "summarization"]
+    assert [list(c["categories"]) for c in r["cells"]] == [["summarization", "rag"]] * 2
+    assert "(subtasks rag, summarization, first 1 rows per category, all prompts)" in (out2 / "table.md").read_text()
