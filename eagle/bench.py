@@ -308,6 +308,7 @@ def _summarize(result: dict, records: dict, configs, models: dict, encoded, temp
                  "prompts": prompts, "turns": n, "accepted_hist": st.accepted_hist,
                  "per_depth_acceptance": st.per_depth_acceptance,
                  "mean_tree_nodes": st.tree_nodes / max(st.target_forwards, 1),
+                 "mean_side_rows": st.side_rows / max(st.target_forwards, 1),
                  "plain_steps": st.plain_steps,
                  "step_ms": {k: 1000 * v / max(st.target_forwards, 1) for k, v in
                              (("draft", st.draft_s), ("verify", st.verify_s), ("bookkeeping", st.other_s))},

@@ -32,6 +32,7 @@ class DecodeStats:
     target_forwards: int = 0  # tree-verification forwards (the prefill forward is not counted)
     plain_steps: int = 0  # of those, steps the fallback ran without drafting
     tree_nodes: int = 0  # nodes verified in total
+    side_rows: int = 0  # rows run beside the trees, not verified (a lookahead window), in total
     accepted_hist: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafted tokens
     depth_tried: list[int] = field(default_factory=list)  # [d-1] = steps whose tree reached depth d
     depth_accepted: list[int] = field(default_factory=list)  # [d-1] = ... and accepted a token at depth d
@@ -80,7 +81,7 @@ class DecodeStats:
                 self.depth_accepted[d] += 1
 
     def merge(self, other: "DecodeStats") -> None:
-        for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "reached", "prefill_s", "draft_s",
+        for name in ("new_tokens", "prompt_tokens", "target_forwards", "plain_steps", "tree_nodes", "side_rows", "reached", "prefill_s", "draft_s",
                      "verify_s", "other_s", "generations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_hist", "depth_tried", "depth_accepted", "depth_hist", "nodes_hist"):
@@ -94,6 +95,7 @@ class DecodeStats:
                 "plain_steps": self.plain_steps,
                 "accepted_hist": self.accepted_hist, "per_depth_acceptance": self.per_depth_acceptance,
                 "mean_tree_nodes": self.tree_nodes / max(self.target_forwards, 1),
+                "mean_side_rows": self.side_rows / max(self.target_forwards, 1),
                 "depth_hist": self.depth_hist, "nodes_hist": self.nodes_hist,
                 "time_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
                            "bookkeeping": self.other_s}}
@@ -269,6 +271,7 @@ class TreeDecoder:
             stats.target_forwards += 1
             stats.plain_steps += not drafting
             stats.tree_nodes += len(tree)
+            stats.side_rows += len(tree.side) if tree.side is not None else 0
             stats.record(int(tree.depth.max()), len(path) - 1, len(tree))
             if on_tokens:
                 on_tokens(new)

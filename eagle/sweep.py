@@ -367,7 +367,7 @@ def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Pat
 # ---------------------------------------------------------------------------------------- outputs
 
 CSV_FIELDS = ["cell", "temperature", "tau", "alpha", "tokens_per_s", "speedup", "speedup_vs_hf", "identical_to_plain",
-              "prompts", "mean_tree_nodes", "plain_steps", "draft_ms", "verify_ms", "other_ms",
+              "prompts", "mean_tree_nodes", "mean_side_rows", "plain_steps", "draft_ms", "verify_ms", "other_ms",
               "per_depth_acceptance", "accepted_hist"]
 
 
@@ -385,16 +385,19 @@ def format_table(summary: dict, axes: list[str]) -> str:
     cols = [a for a in axes if a != ROOT]
     # identical turns out of all turns (a Spec-Bench question has one or two)
     same = (lambda c: f"{c['identical_to_plain']}/{c.get('turns', c['prompts'])}" if c["temperature"] == 0 else "n/a")  # noqa: E731
+    # rows a forward ran beside the tree (a lookahead window): a column only where some cell has them
+    side = any(c.get("mean_side_rows") for c in summary["cells"])
     lines += ["", "| cell | " + " | ".join(cols) + (" | " if cols else "")
-              + "tau | alpha | tok/s | speedup | identical | nodes/step | draft ms | verify ms | other ms |",
-              "|---|" + "---|" * len(cols) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              + "tau | alpha | tok/s | speedup | identical | nodes/step | " + ("side rows/step | " if side else "")
+              + "draft ms | verify ms | other ms |",
+              "|---|" + "---|" * len(cols) + "---:|" * (9 + side)]
     for c in summary["cells"]:
         vals = " | ".join(label(c["grid"][a]) for a in cols)
         ms = c["step_ms"]
         lines.append(f"| {c['cell']} | " + (vals + " | " if cols else "")
                      + f"{c['tau']:.2f} | {c['alpha']:.2f} | {c['tokens_per_s']:.2f} | {c['speedup']:.2f}x | "
-                     f"{same(c)} | {c['mean_tree_nodes']:.1f} | {ms['draft']:.1f} | "
-                     f"{ms['verify']:.1f} | {ms['bookkeeping']:.1f} |")
+                     f"{same(c)} | {c['mean_tree_nodes']:.1f} | " + (f"{c.get('mean_side_rows', 0.0):.1f} | " if side else "")
+                     + f"{ms['draft']:.1f} | {ms['verify']:.1f} | {ms['bookkeeping']:.1f} |")
     return "\n".join(lines)
 
 

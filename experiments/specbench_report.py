@@ -82,12 +82,14 @@ def render(result: dict, json_path: str, baseline: str) -> str:
     del base
     lines += ["## Where a step's time goes (pooled)", "",
               "Per target forward, ms: drafting, the verification forward (with the greedy argmax), the rest; "
-              "the trees verified (mean nodes, root included).", "",
-              "| config | draft ms | verify ms | other ms | step ms | nodes |", "|---|---:|---:|---:|---:|---:|"]
+              "the trees verified (mean nodes, root included) and the rows run beside them without being verified "
+              "(side rows: lookahead decoding's Jacobi window).", "",
+              "| config | draft ms | verify ms | other ms | step ms | nodes | side rows |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
         ms = r["step_ms"]
         lines.append(f"| {name} | {ms['draft']:.1f} | {ms['verify']:.1f} | {ms['bookkeeping']:.1f} | "
-                     f"{sum(ms.values()):.1f} | {r['mean_tree_nodes']:.1f} |")
+                     f"{sum(ms.values()):.1f} | {r['mean_tree_nodes']:.1f} | {r.get('mean_side_rows', 0.0):.1f} |")
     lines.append("")
     acc = Path(json_path).with_name("specbench_acceptance.json")
     if acc.is_file():

@@ -7,6 +7,8 @@ Every model here is a tiny random fp32 model (``make_tiny_head_target`` in conft
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -80,6 +82,63 @@ def test_graft_cuts_the_lowest_scored_head_nodes_to_the_budget():
     assert (shared, added) == (0, 3) and merged.tokens.tolist() == [5, 1, 2, 3]
 
 
+def test_valued_graft_keeps_the_best_nodes_of_head_and_match():
+    """rate 0.9: the match's tokens (scores -0.1 + k log 0.9) outrank the head's 6 and 4, which go;
+    rate 0.05: they rank below every head node, so a full budget keeps the head as it is, and one
+    more slot takes the match's first token only."""
+    merged, shared, added = graft(head_tree(), [7, 3, 2], budget=6, rate=0.9)
+    assert (shared, added) == (1, 2) and merged.q is None
+    assert merged.tokens.tolist() == [5, 7, 8, 9, 3, 2] and merged.parents.tolist() == [-1, 0, 1, 1, 1, 4]
+    same, shared, added = graft(head_tree(), [7, 3, 2], budget=6, rate=0.05)
+    assert (shared, added) == (1, 0) and same.tokens.tolist() == head_tree().tokens.tolist()
+    merged, _, added = graft(head_tree(), [7, 3, 2], budget=7, rate=0.05)
+    assert added == 1 and merged.tokens.tolist() == [5, 7, 6, 8, 9, 4, 3] and int(merged.parents[-1]) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_valued_graft_on_random_trees_is_a_budgeted_ancestor_closed_merge(seed):
+    """Random head trees and matches: within the budget, every kept node's parent kept, the kept
+    match tokens a prefix of the match below its shared path, and no kept node scored below a
+    dropped one (the head's by its score, the match's by score + k log rate)."""
+    from eagle.costs import random_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    T = int(torch.randint(3, 12, (1,), generator=gen))
+    tree = random_tree(T, V, gen)
+    logp = -torch.rand(T, generator=gen) * 2  # (T,) per-node draft log-probs
+    scores = torch.zeros(T)
+    for i in range(1, T):
+        scores[i] = scores[int(tree.parents[i])] + logp[i]
+    tree = Tree(tree.tokens, tree.parents, None, scores)
+    cont = torch.randint(0, V, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
+    if seed % 2:  # half the matches start along a path of the tree
+        node, walk = int(torch.randint(1, T, (1,), generator=gen)), []
+        while node > 0:
+            walk.append(int(tree.tokens[node]))
+            node = int(tree.parents[node])
+        cont = walk[::-1] + cont
+    budget, rate = T + int(torch.randint(0, 4, (1,), generator=gen)), float(torch.rand(1, generator=gen)) * 0.9 + 0.05
+    merged, shared, added = graft(tree, cont, budget, rate)
+    # the reference: walk the match down the tree, score its remaining tokens, keep the best budget - 1
+    at, toks, par = 0, tree.tokens.tolist(), tree.parents.tolist()
+    for t in cont:
+        kids = [i for i in range(T) if par[i] == at and toks[i] == t]
+        if not kids:
+            break
+        at = kids[0]
+    rest = cont[shared:][: budget - 1 - int(tree.depth[at])]
+    chain = [float(scores[at]) + k * math.log(rate) for k in range(1, len(rest) + 1)]
+    best = sorted(scores[1:].tolist() + chain, reverse=True)[: min(budget, T + len(rest)) - 1]
+    assert len(merged) <= budget
+    assert merged.parents[0] == -1 and all(0 <= p < i for i, p in enumerate(merged.parents.tolist()) if i)
+    if added:
+        assert merged.q is None and merged.tokens[-added:].tolist() == rest[:added]
+        assert sorted(merged.scores[1:].tolist(), reverse=True) == pytest.approx(best)
+    else:
+        assert torch.equal(merged.tokens, tree.tokens)
+        assert not rest or chain[0] <= best[-1] + 1e-6
+
+
 def test_graft_drops_q_of_a_sampled_tree():
     tree = head_tree()
     tree = Tree(tree.tokens, tree.parents, torch.full((6, V), 1.0 / V), tree.scores)
@@ -90,13 +149,14 @@ def test_graft_drops_q_of_a_sampled_tree():
 # ---- decoding: lossless, grafted, within the budget -------------------------------------------
 
 
+@pytest.mark.parametrize("value_match", [False, True])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_greedy_hybrid_equals_plain_and_grafts_the_match(shape):
+def test_greedy_hybrid_equals_plain_and_grafts_the_match(shape, value_match):
     model = make_tiny_head_target("llama")
     target = Target(model, "reference")
     tree = TreeShape(shape, **SHAPES[shape])
     dr = recording(HybridDrafter(target, random_head(model, seed=3), tree, match_depth=4, min_match_len=2,
-                                 min_gain=0.0))
+                                 min_gain=0.0, value_match=value_match))
     prompt = repeating_prompt()
     out = TreeDecoder(target, dr).generate(prompt, 32)
     assert out.tokens == TreeDecoder(target, None).generate(prompt, 32).tokens
@@ -129,6 +189,12 @@ def test_match_acceptance_is_counted_from_the_emitted_tokens():
     dr._last = ([4, 5, 6], 1)  # 4 was the head's own node
     dr.extend(torch.zeros(3, model.config.hidden_size), torch.tensor([4, 5, 9]))  # 4, 5 accepted; 9 the bonus
     assert dr.match_accepted == 1 and dr.gain == pytest.approx(dr.RECENT * 1)
+    # the chain (5, 6) was reached at 5 (accepted) and at 6 (rejected): 1 of 2 on top of the decayed prior
+    hits, tries = dr.PRIOR
+    assert dr.rate == pytest.approx((dr.MEMORY * hits + 1) / (dr.MEMORY * tries + 2))
+    dr._last = ([4, 5, 6], 1)
+    dr.extend(torch.zeros(1, model.config.hidden_size), torch.tensor([8]))  # the head's 4 rejected: not reached
+    assert dr.rate == pytest.approx((dr.MEMORY * hits + 1) / (dr.MEMORY * tries + 2))
 
 
 def test_sampling_with_a_sampled_head_tree_runs_on_point_masses():
@@ -174,3 +240,62 @@ def test_bad_hybrid_configs_are_one_line_errors(tmp_path, drafter, needle):
     with pytest.raises(ConfigError, match=needle) as e:
         config_from_dict({"drafter": drafter, "tree": {"shape": "chain", "depth": 3}}, tmp_path / "bad.yaml")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.statistical
+def test_sampling_over_grafted_trees_keeps_the_target_distribution():
+    """Each step: a head tree whose children were sampled from the draft (with q and cumulative
+    scores), then a fixed match chain grafted in under a budget that cuts head nodes (q dropped,
+    also from trees that already hold the match: every child a point mass). The first two emitted tokens follow the target's distribution, TV <
+    0.01 over 1e5 samples, with both match tokens and sampled head children accepted."""
+    import numpy as np
+    from test_verify import BUSHY, V as V6, draw_trees, exact_first_and_joint, expected_tv_noise, histograms, tables, tv
+
+    from eagle.verify import probs_from_logits, sample_verify
+
+    target, draft = tables()
+    q = probs_from_logits(draft, 1.0, 1.0)  # (V6, V6)
+    q64 = q.double().numpy()
+    rng = np.random.default_rng(21)
+    N, budget = 100_000, len(BUSHY)
+    # the match after root r: the target's two likeliest continuations in a chain (r -> a -> b)
+    best = target.argmax(-1).tolist()
+    second = target.topk(2, dim=-1).indices[:, 1].tolist()
+    conts = {r: [second[r], best[second[r]]] for r in range(V6)}
+    parents = torch.tensor(BUSHY)
+    par = np.array(BUSHY)
+
+    def trees_for(root: int, n: int) -> np.ndarray:
+        return draw_trees(np.full(n, root), BUSHY, q64, rng)  # (n, T)
+
+    def step(row: np.ndarray, gen):
+        tokens = torch.from_numpy(row)
+        logq = np.log(q64[row[par[1:]], row[1:]])  # (T-1,) each child's draft log-prob
+        scores = np.zeros(len(row))
+        for c in range(1, len(row)):  # parents precede children in BUSHY
+            scores[c] = scores[par[c]] + logq[c - 1]
+        head = Tree(tokens, parents, q[tokens], torch.from_numpy(scores))
+        merged, shared, added = graft(head, conts[int(row[0])], budget)
+        assert len(merged) <= budget and (added == 0 or merged.q is None)
+        path, bonus = sample_verify(merged, target[merged.tokens], 1.0, 1.0, gen)
+        grafted = any(int(i) >= len(merged) - added for i in path[1:])
+        return merged.tokens[path[1:]].tolist() + [bonus], grafted
+
+    first_trees = trees_for(0, N)
+    next_trees = {r: trees_for(r, N) for r in range(V6)}
+    gen = torch.Generator().manual_seed(22)
+    first, sec = np.empty(N, dtype=np.int64), np.empty(N, dtype=np.int64)
+    accepted = via_match = 0
+    for n in range(N):
+        out, grafted = step(first_trees[n], gen)
+        accepted += len(out) > 1
+        via_match += grafted
+        if len(out) < 2:
+            more, _ = step(next_trees[out[0]][n], gen)
+            out = out + more
+        first[n], sec[n] = out[0], out[1]
+    f, j = histograms(first, sec)
+    p1, joint = exact_first_and_joint()
+    assert expected_tv_noise(joint, N) < 0.004
+    assert 0.1 < accepted / N < 0.999 and 0.05 < via_match / N < accepted / N, (accepted / N, via_match / N)
+    assert tv(f, p1) < 0.01 and tv(j, joint) < 0.01, (tv(f, p1), tv(j, joint))

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from eagle import Target, TreeDecoder, load_config
 from eagle.config import ConfigError, as_config
@@ -167,6 +168,26 @@ def test_lookahead_greedy_equals_plain(arch, cache, tiny_model):
         out = dec.generate(prompt, 40)
         assert out.tokens == plain_greedy(model, prompt, n=40)
         check_stats(out.stats, out.tokens)
+        # the window's rows ran beside every drafted tree: at most (level - 1) x window a step
+        assert 0 < out.stats.side_rows <= 2 * 4 * out.stats.target_forwards
+        assert out.stats.as_dict()["mean_side_rows"] == out.stats.side_rows / out.stats.target_forwards
+
+
+@pytest.mark.compile
+def test_lookahead_on_a_compiled_target_equals_plain(tiny_model, tmp_path, monkeypatch):
+    """runtime.compile: the window's side rows and the guesses share the compiled buckets (the
+    shipped config's bucket sizes): still plain greedy's output."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    model = tiny_model("llama")
+    cfg = yaml.safe_load((CONFIGS / "lookahead.yaml").read_text())
+    cfg["runtime"] = {**cfg.get("runtime", {}), "compile": True}
+    dec = TreeDecoder.from_config(model, cfg)
+    prompt = torch.tensor([3, 17, 42, 9, 3, 17, 42, 9, 3, 17])
+    out = dec.generate(prompt, 30)
+    assert out.tokens == plain_greedy(model, prompt, n=30)
+    assert out.stats.side_rows > 0
+    check_stats(out.stats, out.tokens)
 
 
 def test_lookahead_pool_hits_on_a_repetitive_prompt(llama):

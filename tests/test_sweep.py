@@ -241,3 +241,22 @@ def test_documented_sweep_commands_expand(doc, cmd, tmp_path, capsys, monkeypatc
 
 def test_docs_have_sweep_commands():
     assert len(_documented_sweeps()) >= 5
+
+
+def test_side_rows_get_a_column_only_where_a_cell_runs_them(tiny_target, tmp_path, capsys):
+    """A lookahead window's rows (run beside the tree, not verified) are counted per step in the
+    results and get a table column; a sweep of tree drafters alone has no such column."""
+    out = tmp_path / "sw"
+    args = ["sweep", "--base", NGRAM, "--grid", "config={name: la, drafter: {type: lookahead, level: 3, window: 2, "
+            "guesses: 1}},{name: ng, drafter: {type: ngram}}",
+            "--prompts", _prompts(tmp_path), "--limit", "1", "--max-new-tokens", "8", "--target", tiny_target,
+            "--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    cells = {c["cell"]: c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert 0 < cells["la"]["mean_side_rows"] <= 2 * 2 and cells["ng"]["mean_side_rows"] == 0
+    table = (out / "table.md").read_text()
+    assert "| nodes/step | side rows/step |" in table
+    assert all(r.count("|") == table.splitlines()[-1].count("|") for r in table.splitlines() if r.startswith("| "))
+    out2 = tmp_path / "sw2"
+    assert main(_sweep_args(tiny_target, _prompts(tmp_path), out2)) == 0
+    assert "side rows" not in (out2 / "table.md").read_text()

@@ -10,7 +10,10 @@ Each step:
    the head's tree as a trie: where its tokens coincide with the head's nodes they share them, the
    rest hangs as a chain under the last shared node;
 4. the merged tree keeps the shape's ``max_nodes``: the head's nodes of lowest draft score (a
-   cumulative log-probability) are dropped to make room, never the root or the shared path.
+   cumulative log-probability) are dropped to make room, never the root or the shared path; or,
+   with ``value_match``, the match's tokens are scored like the head's nodes (the k-th below the
+   shared path: that node's score + k log ``rate``, ``rate`` the measured chance that a reached
+   match token is accepted) and the best nodes of both stay.
 
 The branch is valued by its measured acceptance: ``gain``, a running mean (weight ``1/4`` for the
 newest graft) of the match tokens the verifier accepted beyond the shared nodes, starts at
@@ -18,10 +21,11 @@ newest graft) of the match tokens the verifier accepted beyond the shared nodes,
 ``EXPLORE``-th step that has a match grafts anyway, so a text that starts copying is noticed.
 
 Exactness: grafted nodes are deterministic proposals (point masses, like the n-gram drafter's).
-When the head sampled its children (``drafter.sample``, ``tree.q`` given) a merged tree drops ``q``:
-the verifier then takes every child as a point mass, which is exact for any candidates fixed before
-verification (such steps accept the sampled children a little less often). Greedy output is plain
-decoding's.
+When the head sampled its children (``drafter.sample``, ``tree.q`` given), every step offered a match
+drops ``q``, grafted or not (whether the match is already in the tree depends on the sampled
+children, so keeping ``q`` for those trees alone would bias the sampled verification): the verifier
+then takes every child as a point mass, which is exact for any candidates fixed before verification
+(such steps accept the sampled children a little less often). Greedy output is plain decoding's.
 
 With ``tree.shape: auto`` the policy sizes the head's part; a step whose tree the graft changed is
 left out of the policy's acceptance calibration (its tree is no longer the one the policy grew);
@@ -44,15 +48,29 @@ from .drafter import EagleDrafter, EagleOptions, fastest_dtype
 __all__ = ["HybridDrafter", "HybridHeadDrafter", "HybridOptions", "graft"]
 
 
-def graft(tree: Tree, cont: list[int], budget: int) -> tuple[Tree, int, int]:
+def graft(tree: Tree, cont: list[int], budget: int, rate: float | None = None) -> tuple[Tree, int, int]:
     """``tree`` with the continuation ``cont`` (tokens after the root) merged in as a trie branch,
     at most ``budget`` nodes in all.
 
     Returns ``(merged, shared, added)``: ``shared`` leading tokens of ``cont`` were already a path
     of ``tree`` (the first child carrying the token at each step, the one the verifier would take),
-    ``added`` more hang as a chain under that path's end. Head nodes of lowest ``tree.scores``
-    (lowest index first without scores) are dropped to stay within ``budget``; the merged tree keeps
-    the head's nodes first, in their order, then the chain. Unchanged when nothing is added."""
+    ``added`` more hang as a chain under that path's end. The merged tree keeps the head's nodes
+    first, in their order, then the chain. ``q`` is dropped whether or not anything is added: with
+    sampled children, whether the match is already a path of the tree depends on the sampled
+    tokens, so keeping ``q`` for exactly those trees would bias sampled verification (every child
+    of a merged tree is verified as a point mass, exact for any candidates fixed in advance).
+
+    Which nodes stay within ``budget``:
+
+    - ``rate`` None (or a tree without ``scores``): the whole chain (up to the budget), and the
+      head's nodes of lowest ``tree.scores`` (lowest index first without scores) make room;
+    - ``rate`` in (0, 1): the chain is valued like the head's nodes, whose scores are cumulative
+      draft log-probabilities: its k-th token below the shared path's end (score ``s``) scores
+      ``s + k log(rate)`` (each match token accepted with probability ``rate``), and the best
+      ``budget - 1`` nodes of head and chain together stay (ancestor-closed), so a weak match keeps
+      only its first tokens, or none, and a strong one pushes out the head's long shots."""
+    if tree.q is not None:
+        tree = Tree(tree.tokens, tree.parents, None, tree.scores, tree.side)
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     child: dict[tuple[int, int], int] = {}
     for i in range(len(tokens) - 1, 0, -1):  # backwards: the first child with a token wins
@@ -67,8 +85,21 @@ def graft(tree: Tree, cont: list[int], budget: int) -> tuple[Tree, int, int]:
     rest = cont[shared:][: max(budget - len(path), 0)]  # root + path + rest <= budget
     if not rest:
         return tree, shared, 0
+    dev, T, at = tree.tokens.device, len(tree), path[-1]
+    if rate is not None and tree.scores is not None:
+        # (T + A,) scores: the head's, then the chain's, falling by log(rate) per token below `at`
+        head_scores = tree.scores.detach().float().cpu()
+        steps = torch.arange(1, len(rest) + 1, dtype=torch.float32)
+        score = torch.cat([head_scores, head_scores[at] + steps * torch.log(torch.tensor(rate))])
+        par = torch.tensor(parents + [at] + list(range(T, T + len(rest) - 1)), dtype=torch.long)
+        keep = select_dynamic(score, par, min(budget, T + len(rest)) - 1)  # (<= budget,) sorted, root included
+        added = int((keep >= T).sum())
+        if not added:
+            return tree, shared, 0
+        full = Tree(torch.cat([tree.tokens, torch.tensor(rest, dtype=torch.long, device=dev)]), par.to(dev),
+                    None, torch.cat([head_scores, score[T:]]).to(dev), tree.side)
+        return full.select(keep.to(dev)), shared, added
     room = budget - len(rest)  # head nodes that stay, root and shared path included (>= len(path))
-    at = path[-1]
     if len(tree) > room:
         # scores: (T,) cumulative draft log-prob, so a parent never ranks below its child
         score = tree.scores.detach().float().cpu().clone() if tree.scores is not None else -torch.arange(
@@ -77,7 +108,7 @@ def graft(tree: Tree, cont: list[int], budget: int) -> tuple[Tree, int, int]:
         keep = select_dynamic(score, tree.parents.cpu(), room - 1)  # (room,) sorted, root included
         at = int((keep == at).nonzero())
         tree = tree.select(keep.to(tree.tokens.device))
-    dev, T = tree.tokens.device, len(tree)
+    T = len(tree)
     new_tokens = torch.tensor(rest, dtype=torch.long, device=dev)  # (A,)
     new_parents = torch.tensor([at] + list(range(T, T + len(rest) - 1)), dtype=torch.long, device=dev)  # (A,)
     # the chain's nodes are point masses: a q over the whole tree would claim they were sampled
@@ -91,23 +122,35 @@ class HybridDrafter(EagleDrafter):
     ``match``: the n-gram search's options (``max_ngram``, ``min_ngram``); ``match_depth``: the most
     match tokens grafted; ``min_match_len``: the shortest continuation worth a branch; ``min_gain``:
     the measured accepted match tokens per graft below which grafting pauses (explored every
-    ``EXPLORE``-th matching step). Counters for reports: ``grafts`` (steps that grafted a branch),
-    ``match_accepted`` (match tokens accepted beyond the head's own nodes), ``gain``."""
+    ``EXPLORE``-th matching step); ``value_match``: the match's tokens compete with the head's nodes
+    for the budget, valued by ``rate`` (:func:`graft`), instead of always displacing the head's
+    weakest nodes. Counters for reports: ``grafts`` (steps that grafted a branch),
+    ``match_accepted`` (match tokens accepted beyond the head's own nodes), ``gain``, ``rate``."""
 
     EXPLORE = 16  # below min_gain, one matching step in EXPLORE still grafts (keeps `gain` measured)
     RECENT = 0.25  # weight of the newest graft in the running mean `gain`
+    MEMORY = 0.9  # `rate`'s counts decay by this per graft (a memory of about ten grafts)
+    PRIOR = (1.0, 2.0)  # `rate` starts as 1 accepted of 2 reached match tokens
 
     def __init__(self, target: Target, head, shape: TreeShape, max_ngram: int = 3, min_ngram: int = 1,
-                 match_depth: int = 6, min_match_len: int = 2, min_gain: float = 0.5, **eagle):
+                 match_depth: int = 6, min_match_len: int = 2, min_gain: float = 0.5, value_match: bool = False,
+                 **eagle):
         super().__init__(target, head, shape, **eagle)
         self.budget = shape.max_nodes
         self.match_depth, self.min_match_len, self.min_gain = match_depth, min_match_len, min_gain
+        self.value_match = value_match
+        self._hits, self._tries = self.PRIOR  # decayed counts of match tokens accepted / reached
         self.matcher = NgramDrafter(None, ChainShape(ChainShape.Options(depth=match_depth)),
                                     NgramDrafter.Options(max_ngram=max_ngram, min_ngram=min_ngram, branches=1))
         self.gain = float(min_match_len)
         self.grafts = self.match_accepted = 0
         self._waited = 0  # matching steps not grafted since the last graft
         self._last: tuple[list[int], int] | None = None  # (grafted match tokens from the root, shared)
+
+    @property
+    def rate(self) -> float:
+        """Measured chance that a grafted match token is accepted when the verifier reaches it."""
+        return min(max(self._hits / self._tries, 0.02), 0.98)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
@@ -125,6 +168,10 @@ class HybridDrafter(EagleDrafter):
         accepted = max(lead - shared, 0)
         self.match_accepted += accepted
         self.gain += self.RECENT * (accepted - self.gain)
+        if lead >= shared:  # the verifier reached the chain: its first `accepted` tokens passed
+            reached = min(accepted + 1, len(match) - shared)
+            self._hits = self.MEMORY * self._hits + accepted
+            self._tries = self.MEMORY * self._tries + reached
 
     def wants_branch(self) -> bool:
         """Whether this step grafts a match: while the measured gain pays, or to explore."""
@@ -140,9 +187,9 @@ class HybridDrafter(EagleDrafter):
         cont = conts[0] if conts else []
         if len(cont) < self.min_match_len or not self.wants_branch():
             return tree
-        merged, shared, added = graft(tree, cont, self.budget)
+        merged, shared, added = graft(tree, cont, self.budget, self.rate if self.value_match else None)
         if not added:
-            return tree
+            return merged  # the head's tree, without q (see graft)
         self._waited = 0
         self.grafts += 1
         self._last = (cont[: shared + added], shared)
@@ -160,6 +207,7 @@ class HybridOptions(EagleOptions):
     match_depth: int = 6  # the most match tokens grafted
     min_match_len: int = 2  # the shortest continuation worth a branch
     min_gain: float = 0.5  # graft while the measured accepted match tokens per graft are at least this
+    value_match: bool = False  # match tokens valued by their measured acceptance against the head's nodes
 
     def validate(self) -> None:
         super().validate()
@@ -188,7 +236,8 @@ class HybridHeadDrafter(HybridDrafter):
             dtype = getattr(torch, options.dtype) if options.dtype else None
         o = options
         super().__init__(target, head, tree, max_ngram=o.max_ngram, min_ngram=o.min_ngram, match_depth=o.match_depth,
-                         min_match_len=o.min_match_len, min_gain=o.min_gain, sample=o.sample, dtype=dtype,
+                         min_match_len=o.min_match_len, min_gain=o.min_gain, value_match=o.value_match,
+                         sample=o.sample, dtype=dtype,
                          prompt_vocab=o.prompt_vocab)
         self.options = options
 
