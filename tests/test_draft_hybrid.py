@@ -165,6 +165,21 @@ def test_greedy_hybrid_equals_plain_and_grafts_the_match(shape, value_match):
     assert out.stats.tree_nodes == sum(len(t) for t in dr.trees)
 
 
+def test_with_auto_the_graft_fills_the_bucket_the_policy_chose():
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference")
+    dr = HybridDrafter(target, random_head(model, seed=3), TreeShape("auto", depth=3, top_k=2, total_tokens=15),
+                       min_match_len=2, min_gain=0.0)
+    TreeDecoder(target, dr)  # hands the drafter its tree policy
+    buckets = dr.tree_policy.costs.buckets
+    assert buckets[0] == 1 and len(buckets) >= 3 and buckets[-1] == dr.budget
+    bucket = lambda n: next(b for b in buckets if b >= n)  # noqa: E731
+    assert dr.step_budget(1) == bucket(3)  # a plain step: room for the shortest match
+    assert [dr.step_budget(n) for n in range(3, dr.budget + 1)] == [bucket(n) for n in range(3, dr.budget + 1)]
+    plain = HybridDrafter(target, random_head(model, seed=3), TreeShape("dynamic", **SHAPES["dynamic"]))
+    assert plain.step_budget(2) == plain.budget == 8
+
+
 def test_the_branch_pauses_when_it_does_not_pay_and_explores():
     """min_gain above anything measurable (and no optimistic start): grafting waits EXPLORE
     matching steps each time."""

@@ -199,7 +199,10 @@ def test_shipped_ablations_expand_to_valid_cells(path):
     cells = sweep.expand(spec.base, axes, spec.temperature, spec.set)
     keys = [a.key for a in axes]
     sweep.check_plot_keys(cells, keys, spec.x, sweep.default_lines(keys, spec.x, spec.lines))
-    assert len(cells) >= 2 and spec.description and Path(spec.prompts).is_file()
+    assert len(cells) >= 2 and spec.description
+    if spec.prompts.startswith("../shared/") and not Path(spec.prompts).is_file():
+        pytest.skip(f"{spec.prompts} (Spec-Bench, not shipped) is absent on this machine")
+    assert Path(spec.prompts).is_file()
 
 
 def test_the_ablation_set_covers_the_standard_questions():

@@ -27,7 +27,9 @@ children, so keeping ``q`` for those trees alone would bias the sampled verifica
 then takes every child as a point mass, which is exact for any candidates fixed before verification
 (such steps accept the sampled children a little less often). Greedy output is plain decoding's.
 
-With ``tree.shape: auto`` the policy sizes the head's part; a step whose tree the graft changed is
+With ``tree.shape: auto`` the policy sizes the head's part and the merged tree stays within the
+verification bucket the policy chose (or the smallest that holds a ``min_match_len`` match, on a
+step the policy left plain); a step whose tree the graft changed is
 left out of the policy's acceptance calibration (its tree is no longer the one the policy grew);
 its verification cost is still measured.
 """
@@ -180,6 +182,15 @@ class HybridDrafter(EagleDrafter):
         self._waited += 1
         return self._waited >= self.EXPLORE
 
+    def step_budget(self, nodes: int) -> int:
+        """The nodes a merged tree may hold when the head proposed ``nodes``: the shape's budget, or
+        with ``tree.shape: auto`` the verification bucket the policy chose (at least the smallest
+        holding a shortest match), so the graft fills the rows that step pays for anyway."""
+        costs = getattr(self.tree_policy, "costs", None)
+        if costs is None:
+            return self.budget
+        return min(costs.bucket(max(nodes, 1 + self.min_match_len)), self.budget)
+
     @torch.no_grad()
     def propose(self, root: int, sampling: Sampling) -> Tree:
         tree = super().propose(root, sampling)
@@ -187,7 +198,7 @@ class HybridDrafter(EagleDrafter):
         cont = conts[0] if conts else []
         if len(cont) < self.min_match_len or not self.wants_branch():
             return tree
-        merged, shared, added = graft(tree, cont, self.budget, self.rate if self.value_match else None)
+        merged, shared, added = graft(tree, cont, self.step_budget(len(tree)), self.rate if self.value_match else None)
         if not added:
             return merged  # the head's tree, without q (see graft)
         self._waited = 0
