@@ -186,7 +186,8 @@ def test_the_branch_pauses_when_it_does_not_pay_and_explores():
     model = make_tiny_head_target("llama")
     target = Target(model, "reference")
     tree = TreeShape("dynamic", **SHAPES["dynamic"])
-    dr = HybridDrafter(target, random_head(model, seed=3), tree, match_depth=4, min_match_len=1, min_gain=100.0)
+    dr = HybridDrafter(target, random_head(model, seed=3), tree, match_depth=4, min_match_len=1, min_gain=100.0,
+                       value_match=False)
     dr.gain = 0.0
     prompt = repeating_prompt()
     out = TreeDecoder(target, dr).generate(prompt, 48)

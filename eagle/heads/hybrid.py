@@ -134,8 +134,8 @@ class HybridDrafter(EagleDrafter):
     MEMORY = 0.9  # `rate`'s counts decay by this per graft (a memory of about ten grafts)
     PRIOR = (1.0, 2.0)  # `rate` starts as 1 accepted of 2 reached match tokens
 
-    def __init__(self, target: Target, head, shape: TreeShape, max_ngram: int = 3, min_ngram: int = 1,
-                 match_depth: int = 6, min_match_len: int = 2, min_gain: float = 0.5, value_match: bool = False,
+    def __init__(self, target: Target, head, shape: TreeShape, max_ngram: int = 3, min_ngram: int = 2,
+                 match_depth: int = 5, min_match_len: int = 2, min_gain: float = 0.0, value_match: bool = True,
                  **eagle):
         super().__init__(target, head, shape, **eagle)
         self.budget = shape.max_nodes
@@ -213,12 +213,13 @@ class HybridDrafter(EagleDrafter):
 class HybridOptions(EagleOptions):
     """``drafter:`` keys of ``type: hybrid``: the EAGLE head drafter's, and the match's."""
 
+    # defaults: hybrid-cpu's, chosen on Spec-Bench (docs/model-free.md, experiments/ablations/hybrid.yaml)
     max_ngram: int = 3  # suffix lengths searched, longest first, down to min_ngram
-    min_ngram: int = 1
-    match_depth: int = 6  # the most match tokens grafted
+    min_ngram: int = 2
+    match_depth: int = 5  # the most match tokens grafted
     min_match_len: int = 2  # the shortest continuation worth a branch
-    min_gain: float = 0.5  # graft while the measured accepted match tokens per graft are at least this
-    value_match: bool = False  # match tokens valued by their measured acceptance against the head's nodes
+    min_gain: float = 0.0  # graft while the measured accepted match tokens per graft are at least this
+    value_match: bool = True  # match tokens valued by their measured acceptance against the head's nodes
 
     def validate(self) -> None:
         super().validate()
