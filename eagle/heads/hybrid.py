@@ -88,34 +88,26 @@ def graft(tree: Tree, cont: list[int], budget: int, rate: float | None = None) -
     if not rest:
         return tree, shared, 0
     dev, T, at = tree.tokens.device, len(tree), path[-1]
-    if rate is not None and tree.scores is not None:
-        # (T + A,) scores: the head's, then the chain's, falling by log(rate) per token below `at`
-        head_scores = tree.scores.detach().float().cpu()
-        steps = torch.arange(1, len(rest) + 1, dtype=torch.float32)
-        score = torch.cat([head_scores, head_scores[at] + steps * torch.log(torch.tensor(rate))])
-        par = torch.tensor(parents + [at] + list(range(T, T + len(rest) - 1)), dtype=torch.long)
-        keep = select_dynamic(score, par, min(budget, T + len(rest)) - 1)  # (<= budget,) sorted, root included
-        added = int((keep >= T).sum())
-        if not added:
-            return tree, shared, 0
-        full = Tree(torch.cat([tree.tokens, torch.tensor(rest, dtype=torch.long, device=dev)]), par.to(dev),
-                    None, torch.cat([head_scores, score[T:]]).to(dev), tree.side)
-        return full.select(keep.to(dev)), shared, added
-    room = budget - len(rest)  # head nodes that stay, root and shared path included (>= len(path))
-    if len(tree) > room:
-        # scores: (T,) cumulative draft log-prob, so a parent never ranks below its child
-        score = tree.scores.detach().float().cpu().clone() if tree.scores is not None else -torch.arange(
-            len(tree), dtype=torch.float32)
-        score[path] = float("inf")  # the shared path stays
-        keep = select_dynamic(score, tree.parents.cpu(), room - 1)  # (room,) sorted, root included
-        at = int((keep == at).nonzero())
-        tree = tree.select(keep.to(tree.tokens.device))
-    T = len(tree)
-    new_tokens = torch.tensor(rest, dtype=torch.long, device=dev)  # (A,)
-    new_parents = torch.tensor([at] + list(range(T, T + len(rest) - 1)), dtype=torch.long, device=dev)  # (A,)
+    # the head and the chain as one pool of T + A nodes, then the best `budget` of it, ancestor-closed
+    par = torch.tensor(parents + [at] + list(range(T, T + len(rest) - 1)), dtype=torch.long)  # (T + A,)
+    # head scores: (T,) cumulative draft log-prob, so a parent never ranks below its child
+    head = tree.scores.detach().float().cpu() if tree.scores is not None else -torch.arange(T, dtype=torch.float32)
+    valued = rate is not None and tree.scores is not None
+    if valued:  # the chain falls by log(rate) per token below `at`
+        chain = head[at] + torch.arange(1, len(rest) + 1, dtype=torch.float32) * torch.log(torch.tensor(rate))
+    else:  # the shared path and the whole chain stay; the head's lowest-scored nodes make room
+        head = head.clone()
+        head[path] = float("inf")
+        chain = torch.full((len(rest),), float("inf"))
+    score = torch.cat([head, chain])  # (T + A,)
+    keep = select_dynamic(score, par, min(budget, T + len(rest)) - 1)  # (<= budget,) sorted, root included
+    added = int((keep >= T).sum())
+    if not added:
+        return tree, shared, 0
     # the chain's nodes are point masses: a q over the whole tree would claim they were sampled
-    merged = Tree(torch.cat([tree.tokens, new_tokens]), torch.cat([tree.parents, new_parents]), None, None, tree.side)
-    return merged, shared, len(rest)
+    full = Tree(torch.cat([tree.tokens, torch.tensor(rest, dtype=torch.long, device=dev)]), par.to(dev), None,
+                score.to(dev) if valued else None, tree.side)
+    return full.select(keep.to(dev)), shared, added
 
 
 class HybridDrafter(EagleDrafter):
