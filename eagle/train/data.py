@@ -25,14 +25,32 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..prompts import PromptFileError, encode_chat
+from ..prompts import PromptFileError, encode_chat, encode_conversation
 
-__all__ = ["sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
+# what the target answers: one user message, or a conversation ``(user, assistant, ..., user)`` whose
+# last user turn it answers (a multi-turn follow-up)
+Prompt = str | tuple[str, ...]
+
+__all__ = ["Prompt", "encode_prompt", "prompt_chars", "sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
            "writer_lock"]
 
 
-def read_prompt_records(path: str | Path) -> list[str]:
-    """Prompts from our JSONL (``{"prompt": ...}`` per line) or a ShareGPT/UltraChat-style JSON file.
+def encode_prompt(tok, prompt: Prompt) -> torch.Tensor:
+    """Token ids ``(N,)`` of a prompt through the chat template, ending with the generation prompt."""
+    if isinstance(prompt, str):
+        return encode_chat(tok, prompt)
+    return encode_conversation(tok, prompt[0::2], prompt[1::2])
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    """The length of a prompt in characters (all its turns)."""
+    return len(prompt) if isinstance(prompt, str) else sum(len(t) for t in prompt)
+
+
+def read_prompt_records(path: str | Path) -> list[Prompt]:
+    """Prompts from our JSONL (``{"prompt": ...}`` per line, or ``{"turns": [user, ...], "answers":
+    [assistant, ...]}`` for a follow-up: the target answers the last turn after the conversation so
+    far, one answer fewer than turns) or a ShareGPT/UltraChat-style JSON file.
 
     ShareGPT: a list of ``{"conversations": [{"from": "human", "value": ...}, ...]}``; UltraChat:
     ``{"messages": [{"role": "user", "content": ...}, ...]}`` (a list, or one object per line).
@@ -55,6 +73,8 @@ def read_prompt_records(path: str | Path) -> list[str]:
     prompts = []
     for where, rec in records:
         prompt = read_conversations(rec) if isinstance(rec, dict) else None
+        if isinstance(rec, dict) and "turns" in rec and "prompt" not in rec:
+            prompt = _follow_up(rec, where)
         if prompt is None:
             raise PromptFileError(f"{where}: no prompt (expected a JSON object with a \"prompt\" string, ShareGPT "
                                   "'conversations' or UltraChat 'messages' with a user turn)")
@@ -86,6 +106,19 @@ def _json_records(path: Path, text: str) -> list[tuple[str, object]]:
     if isinstance(data, list):
         return [(f"{path}: record {i}", rec) for i, rec in enumerate(data)]
     return [(f"{path}:1", data)]
+
+
+def _follow_up(rec: dict, where: str) -> tuple[str, ...]:
+    """``{"turns": [...], "answers": [...]}`` -> ``(user, assistant, ..., user)``, checked."""
+    turns, answers = rec.get("turns"), rec.get("answers", [])
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+        raise PromptFileError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+    if not (isinstance(answers, list) and all(isinstance(a, str) for a in answers)) or len(answers) != len(turns) - 1:
+        raise PromptFileError(f"{where}: 'answers' must be a list of {len(turns) - 1} strings (one per turn "
+                              "before the last)")
+    if len(turns) == 1:
+        return turns[0]
+    return tuple(x for k, t in enumerate(turns) for x in ((t, answers[k]) if k < len(answers) else (t,)))
 
 
 def read_conversations(rec: dict) -> str | None:
@@ -147,7 +180,7 @@ def _generate_batch(model, tok, prompts: list[str], max_new_tokens: int, tempera
     from ..backends import make_backend
     from ..kv import SlotCache
 
-    enc = [encode_chat(tok, p) for p in prompts]
+    enc = [encode_prompt(tok, p) for p in prompts]
     B, L = len(enc), max(len(e) for e in enc)
     ids = torch.full((B, L), pad, dtype=torch.long)
     att = torch.zeros((B, L), dtype=torch.long)
@@ -284,7 +317,7 @@ def _generate_shards(model, tok, prompts, out_dir: Path, batch_size, max_new_tok
         chunk = prompts[done: done + shard_prompts]
         torch.manual_seed(seed + done)  # a resumed run draws the same samples for this shard
         # similar lengths in one batch waste less compute on padding
-        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
+        order = sorted(range(len(chunk)), key=lambda i: prompt_chars(chunk[i]))
         ids_l, hid_l, lay_l, plen = [], [], [], []
         for b in range(0, len(order), batch_size):
             batch = [chunk[i] for i in order[b: b + batch_size]]

@@ -60,8 +60,16 @@ class TrainConfig:
     # also store the hidden states entering these target layers (transformers' hidden_states indices;
     # EAGLE-3 reads [2, L//2, L-3]), so one data folder serves both head types
     feature_layers: list[int] = field(default_factory=list)
+    # the data of another training config (its data_dir, rebuilt from its token store where missing)
+    # joins the training set, its first ``replay_tokens`` tokens (0 = all of it): fine-tuning on new
+    # data without forgetting the old
+    replay_config: str = ""
+    replay_tokens: int = 0
     # --- head
     draft_vocab_size: int = 8192  # 0 = the full target vocabulary
+    # "" or a head folder (head: eagle) whose weights the run starts from (fine-tuning); the draft
+    # vocabulary is chosen again on this run's data
+    init_from: str = ""
     # --- optimization
     epochs: float = 4.0
     batch_size: int = 16  # sequences per global batch (split across processes)
@@ -118,6 +126,12 @@ class TrainConfig:
             raise ConfigError(f"extraction must be 'offline' or 'online', got '{self.extraction}'")
         if self.ttt_steps < 1 or not 0 < self.ttt_decay <= 1:
             raise ConfigError("ttt_steps must be >= 1 and ttt_decay in (0, 1]")
+        if self.init_from and self.head != "eagle":
+            raise ConfigError(f"init_from fine-tunes an EAGLE-1/2 head (head: eagle), not head: {self.head}")
+        if self.replay_tokens < 0:
+            raise ConfigError("replay_tokens must be >= 0 (0 = all the replayed data)")
+        if self.replay_tokens and not self.replay_config:
+            raise ConfigError("replay_tokens needs replay_config (the training config whose data is replayed)")
         if self.data_tokens < 0:
             raise ConfigError("data_tokens must be >= 0 (0 = all the data)")
         if any(i < 0 for i in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):

@@ -20,6 +20,7 @@ with does not depend on how many machines it took.
 from __future__ import annotations
 
 import hashlib
+import json
 import weakref
 from pathlib import Path
 
@@ -47,11 +48,12 @@ class TokenStoreError(ValueError):
     """A token store that does not fit the run (other settings, other prompts, other data)."""
 
 
-def prompts_hash(prompts: list[str]) -> str:
-    """sha256 over the prompts, in order (each one's length first, so boundaries count)."""
+def prompts_hash(prompts: list) -> str:
+    """sha256 over the prompts, in order (each one's length first, so boundaries count; a
+    conversation as a marker byte and its JSON)."""
     h = hashlib.sha256()
     for p in prompts:
-        b = p.encode()
+        b = p.encode() if isinstance(p, str) else b"\xff" + json.dumps(list(p)).encode()
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.hexdigest()
@@ -67,8 +69,6 @@ def load_token_manifest(folder: str | Path) -> dict:
     path = Path(folder) / "manifest.json"
     if not path.exists():
         return {"format": TOKENS_FORMAT, "shards": [], "prompts_done": 0, "tokens": 0}
-    import json
-
     m = json.loads(path.read_text())
     if m.get("format") != TOKENS_FORMAT:
         raise TokenStoreError(f"{path} is not a token store manifest (format {m.get('format')!r}, "
@@ -77,7 +77,7 @@ def load_token_manifest(folder: str | Path) -> dict:
 
 
 def write_token_shard(folder: str | Path, manifest: dict, name: str, tensors: dict[str, torch.Tensor],
-                      settings: dict, prompts: list[str], made: dict | None = None) -> dict:
+                      settings: dict, prompts: list, made: dict | None = None) -> dict:
     """Add one shard's tokens (``input_ids``, ``offsets``, ``prompt_lens``) under ``name`` and rewrite
     the manifest atomically; ``prompts``: the whole prompt list (its answered prefix is hashed);
     ``made``: how the shard was sampled beyond the settings (precision, batch size), recorded with it."""
@@ -142,7 +142,7 @@ def featurize(model, seqs: list[torch.Tensor], layers: tuple[int, ...] = (),
     return out
 
 
-def _check_store(tokens_dir: Path, store: dict, settings: dict, prompts: list[str]) -> None:
+def _check_store(tokens_dir: Path, store: dict, settings: dict, prompts: list) -> None:
     if not store["shards"]:
         return
     old = store.get("settings", {})
@@ -156,7 +156,7 @@ def _check_store(tokens_dir: Path, store: dict, settings: dict, prompts: list[st
                               "list: use another tokens_dir or the same prompts in the same order")
 
 
-def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list[str], settings: dict,
+def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list, settings: dict,
                   made: dict | None = None) -> dict:
     """Copy the tokens of the shards of ``data_dir`` that ``tokens_dir`` lacks (after checking that
     the shards both hold are the same data); returns the token manifest. ``made``: recorded with
@@ -178,7 +178,7 @@ def mirror_shards(data_dir: str | Path, tokens_dir: str | Path, prompts: list[st
     return store
 
 
-def sync_token_store(model, data_dir: str | Path, tokens_dir: str | Path, prompts: list[str], settings: dict,
+def sync_token_store(model, data_dir: str | Path, tokens_dir: str | Path, prompts: list, settings: dict,
                      store_hidden: bool, layers: tuple[int, ...] = (), max_tokens: int = 0,
                      progress: bool = True) -> dict:
     """Bring ``data_dir`` (features) and ``tokens_dir`` (tokens) level, see the module docstring;

@@ -18,7 +18,7 @@ from ..config import ConfigError
 from ..heads import DraftHead, HeadConfig, save_head
 from .common import (Run, batch_order, causal_mask, cosine_lr, full_precision, heldout_split, load_resume_state,
                      save_checkpoint, step_precision)
-from .data import Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records
+from .data import Prompt, Sequence, ShardDataset, generate_shards, load_manifest, read_prompt_records
 from .recipe import Recipe, TrainConfig, draft_vocabulary, load_train_config
 
 __all__ = ["TrainConfig", "load_train_config", "train", "make_data", "head_loss", "training_prompts", "EagleRecipe",
@@ -159,7 +159,37 @@ class EagleRecipe(Recipe):
             draft_vocab=[] if self.draft_vocab is None else self.draft_vocab.tolist()), dtype=getattr(torch, cfg.export_dtype))
 
 
-def training_prompts(cfg: TrainConfig) -> list[str]:
+def replay_config(cfg: TrainConfig) -> TrainConfig | None:
+    """The training config whose data ``cfg`` replays (its ``data_tokens`` set to ``cfg.replay_tokens``),
+    or None. It must hold the same kind of features."""
+    if not cfg.replay_config:
+        return None
+    other = load_train_config(cfg.replay_config)
+    if other.target != cfg.target:
+        raise ConfigError(f"replay_config {cfg.replay_config} trains for target {other.target}, this run for {cfg.target}")
+    if other.extraction != cfg.extraction:
+        raise ConfigError(f"replay_config {cfg.replay_config} has extraction: {other.extraction}, this run "
+                          f"{cfg.extraction}: the replayed data must hold the same features")
+    other.data_tokens = cfg.replay_tokens
+    return other
+
+
+def init_weights(head: torch.nn.Module, folder: str, model) -> None:
+    """Start ``head`` from the weights of the head in ``folder`` (all but the draft vocabulary, which
+    the run chooses on its own data); a head of another shape is an error naming the folder."""
+    from ..heads import HeadError, load_head
+
+    src = load_head(folder, model)
+    if type(src) is not type(head):
+        raise HeadError(f"init_from {folder} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
+    state = {k: v for k, v in src.state_dict().items() if k != "draft_vocab"}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "draft_vocab"]
+    if missing or unexpected:
+        raise HeadError(f"init_from {folder}: weights do not fit this head (missing {missing}, unexpected {unexpected})")
+
+
+def training_prompts(cfg: TrainConfig) -> list[Prompt]:
     """The prompts the data stage self-distills: ``cfg.prompts`` then ``cfg.extra_data``, the first
     ``num_prompts`` of them. A missing, empty or malformed file raises ``PromptFileError`` naming it."""
     prompts = read_prompt_records(cfg.prompts)
@@ -177,7 +207,7 @@ def data_layers(cfg, model) -> tuple[int, ...]:
     return tuple(cfg.feature_layers)
 
 
-def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[str] | None = None) -> None:
+def prepare_data(cfg: TrainConfig, model, tok, run: Run, prompts: list[Prompt] | None = None) -> None:
     """Self-distill the prompt set (``prompts``, default :func:`training_prompts`) into
     ``cfg.data_dir`` (resumable), on the main process only; with ``cfg.tokens_dir``, first rebuild
     the shards the token store holds and ``data_dir`` lacks, and mirror every new shard into it."""
@@ -262,14 +292,21 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
     if model is None:
         model, tok = load_target(cfg.target, device=run.device)
     prepare_data(cfg, model, tok, run, prompts)
+    replay = replay_config(cfg)
+    if replay is not None:  # its data stage: rebuilt from its token store up to replay_tokens
+        prepare_data(replay, model, tok, run)
     recipe_cls = recipe_for(cfg)
-    data = ShardDataset(cfg.data_dir, load_hidden=recipe_cls.load_hidden and cfg.extraction == "offline",
-                        load_layers=recipe_cls.load_layers, max_tokens=cfg.data_tokens).sequences
+    data = []
+    for c in (cfg, replay) if replay is not None else (cfg,):
+        data += ShardDataset(c.data_dir, load_hidden=recipe_cls.load_hidden and cfg.extraction == "offline",
+                             load_layers=recipe_cls.load_layers, max_tokens=c.data_tokens).sequences
     train_set, eval_set = heldout_split(data, cfg.heldout_fraction, cfg.seed)
     if len(train_set) < cfg.batch_size:
         raise ValueError(f"only {len(train_set)} training sequences for a batch of {cfg.batch_size}")
     recipe = recipe_cls(cfg, model, train_set, run.device)
     head = recipe.module
+    if cfg.init_from:
+        init_weights(head, cfg.init_from, model)
 
     out_dir = Path(cfg.out_dir)
     ckpt = out_dir / "checkpoint"
