@@ -97,24 +97,47 @@ def render(result: dict, json_path: str, baseline: str) -> str:
     pv = Path(json_path).with_name("specbench_prompt_vocab") / "results.json"
     if pv.is_file():
         lines += prompt_vocab_table(json.loads(pv.read_text()))
+    sh = Path(json_path).parent / "ablations" / "subtask-head" / "results.json"
+    if sh.is_file():
+        lines += subtask_head_table(json.loads(sh.read_text()))
     return "\n".join(lines)
+
+
+def sweep_table(sweep: dict, title: str, intro: str, label) -> list[str]:
+    """One `eagle sweep` on the Spec-Bench subset: per cell (``label(cell)``), tau per subtask and
+    pooled, tok/s pooled against the faster plain decoder of the run, turns identical to plain."""
+    cells = sweep["cells"]
+    cats = list(cells[0]["categories"])
+    out = [f"## {title}", "", intro, "", "```", sweep.get("command", ""), "```", "",
+           "| cell | " + " | ".join(f"{c} tau" for c in cats) + " | pooled tau | speedup | identical |",
+           "|---|" + "---:|" * (len(cats) + 3)]
+    for c in cells:
+        out.append(f"| {label(c)} | " + " | ".join(f"{c['categories'][k]['tau']:.2f}" for k in cats)
+                   + f" | {c['tau']:.2f} | {c['speedup']:.2f}x | {c['identical_to_plain']}/{c.get('turns', c['prompts'])} |")
+    return out + [""]
 
 
 def prompt_vocab_table(sweep: dict) -> list[str]:
     """eagle2-cpu with and without ``drafter.prompt_vocab`` on the same subset (one `eagle sweep`)."""
-    cells = sweep["cells"]
-    cats = list(cells[0]["categories"])
-    out = ["## The prompt's tokens in the draft vocabulary", "",
-           "eagle2-cpu with `drafter.prompt_vocab` off and on (the prompt's tokens outside the head's draft "
-           "vocabulary drafted through the target's LM-head rows), one sweep on the same subset; tau per "
-           "subtask and pooled, tok/s pooled against the faster plain decoder of the run:", "",
-           "```", sweep.get("command", ""), "```", "",
-           "| prompt_vocab | " + " | ".join(f"{c} tau" for c in cats) + " | pooled tau | speedup | identical |",
-           "|---|" + "---:|" * (len(cats) + 3)]
-    for c in cells:
-        out.append(f"| {c['grid']['drafter.prompt_vocab']} | " + " | ".join(f"{c['categories'][k]['tau']:.2f}" for k in cats)
-                   + f" | {c['tau']:.2f} | {c['speedup']:.2f}x | {c['identical_to_plain']}/{c.get('turns', c['prompts'])} |")
-    return out + [""]
+    return sweep_table(sweep, "The prompt's tokens in the draft vocabulary",
+                       "eagle2-cpu with `drafter.prompt_vocab` off and on (the prompt's tokens outside the head's "
+                       "draft vocabulary drafted through the target's LM-head rows), one sweep on the same subset; "
+                       "tau per subtask and pooled, tok/s pooled against the faster plain decoder of the run:",
+                       lambda c: f"prompt_vocab {c['grid']['drafter.prompt_vocab']}")
+
+
+def subtask_head_table(sweep: dict) -> list[str]:
+    """The head fine-tuned on the subtask prompts against the head it started from (the ablation
+    experiments/ablations/subtask-head.yaml)."""
+    return sweep_table(sweep, "A head trained on the subtasks' kinds of work",
+                       "`heads/smollm2-135m-subtasks` is `heads/smollm2-135m` fine-tuned on prompts that do what "
+                       "the subtasks do (articles to summarize, passages to answer from, follow-ups, German to "
+                       "translate; written from the target's own answers by `experiments/subtask_prompts.py`) with "
+                       "part of its original data replayed (`eagle train --config "
+                       "experiments/configs/train-smollm2-subtasks.yaml`). Both heads under eagle2-cpu and "
+                       "eagle2-auto, one sweep (the ablation `experiments/ablations/subtask-head.yaml`; on chat "
+                       "prompts: `subtask-head-chat.yaml`, [ablations.md](ablations.md)):",
+                       lambda c: c["cell"])
 
 
 def acceptance_table(a: dict) -> list[str]:
