@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output folder (results.json, results.csv, table.md, *.png)")
 
     h = sub.add_parser("head-info", help="size and FLOPs per draft step of a head")
-    h.add_argument("--head", default="heads/smollm2-135m")
+    h.add_argument("--head", default="heads/smollm2-135m-subtasks")
     h.add_argument("--target", default="smollm2-135m")
 
     x = sub.add_parser("export", help="write a head in the official EAGLE-1/2 or EAGLE-3 layout or vLLM's "

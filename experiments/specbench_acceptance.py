@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--json", default=str(ROOT / "experiments/results/specbench_acceptance.json"))
     args = ap.parse_args(argv)
-    heads = args.head or [str(ROOT / "heads/smollm2-135m"), str(ROOT / "heads/smollm2-135m-eagle3")]
+    heads = args.head or [str(ROOT / "heads/smollm2-135m"), str(ROOT / "heads/smollm2-135m-subtasks"), str(ROOT / "heads/smollm2-135m-eagle3")]
     for p in (args.records, args.result):
         if not Path(p).is_file():
             print(f"error: {p} not found (run `make specbench` first)", file=sys.stderr)

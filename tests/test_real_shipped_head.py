@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_head_matches_its_target(smollm2):
     model, _ = smollm2
-    head = load_head(ROOT / "heads/smollm2-135m", model)
+    head = load_head(ROOT / "heads/smollm2-135m-subtasks", model)
     assert head.config.target == "smollm2-135m" and head.config.hidden_size == 576
     assert head.draft_vocab.numel() == 8192
 
