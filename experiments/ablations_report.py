@@ -45,6 +45,9 @@ def section(ablation: Path, results: Path, doc_dir: Path) -> str:
 
         f = load_ablation(ablation)
         write_outputs(summary, results, list(summary["cells"][0]["grid"]), f.x, f.lines)
+    heads = sorted({c.get("config", {}).get("drafter", {}).get("head") for c in summary.get("cells", [])} - {None, ""})
+    if heads:  # the measured cells' heads (a config may name another one now)
+        lines += ["Heads the cells drafted with: " + ", ".join(f"`{h}`" for h in heads) + ".", ""]
     lines += [f"```\n{summary.get('command') or command}\n```", "", (results / "table.md").read_text().strip(), ""]
     for png, alt in (("tau_speedup.png", "tau and speedup"), ("acceptance.png", "per-depth acceptance and accepted length")):
         if (results / png).exists():

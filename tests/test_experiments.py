@@ -77,12 +77,15 @@ def test_ablations_report_redraws_tables_and_plots_from_results(tmp_path):
                            "accepted_hist": [2, 3, 1], "step_ms": {"draft": 1.0, "verify": 2.0, "bookkeeping": 0.5}}
     summary = {"settings": {"target": "t", "max_new_tokens": 8, "top_p": 1.0}, "command": "eagle sweep ...",
                "baselines": {"0.0": {"tokens_per_s": 9.0, "hf_tokens_per_s": 9.5}}, "cells": [cell(4, 1.9), cell(8, 2.3)]}
+    summary["cells"][1]["config"]["drafter"] = {"type": "eagle", "head": "heads/h2"}
+    summary["cells"][0]["config"]["drafter"] = {"type": "eagle", "head": "heads/h1"}
     out = tmp_path / "results" / "budget"
     out.mkdir(parents=True)
     (out / "results.json").write_text(__import__("json").dumps(summary))
     rep.ROOT = tmp_path
     doc = rep.render([abl / "budget.yaml"], tmp_path / "results", tmp_path / "docs")
     assert "| c[tree.total_tokens=8] | 8 | 2.30 |" in doc and "3/3" in doc
+    assert "Heads the cells drafted with: `heads/h1`, `heads/h2`." in doc  # what was measured, not what a config names now
     assert (out / "tau_speedup.png").exists() and (out / "acceptance.png").exists() and (out / "results.csv").exists()
 
 
