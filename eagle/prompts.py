@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Question", "load_questions", "load_prompts", "encode_chat", "encode_conversation", "subtask",
+__all__ = ["Question", "question_row", "load_questions", "load_prompts", "encode_chat", "encode_conversation", "subtask",
            "MT_BENCH_CATEGORIES", "PromptFileError"]
 
 # MT-bench's eight categories: Spec-Bench reports them pooled as one subtask, ``mt_bench``
@@ -42,7 +42,8 @@ def subtask(category: str) -> str:
     return category or "uncategorized"
 
 
-def _row(obj, where: str) -> Question:
+def question_row(obj, where: str) -> Question:
+    """One checked row (a ``{"prompt"}`` or ``{"turns": [...]}`` object); ``where`` (file:line) names it in errors."""
     if not isinstance(obj, dict):
         raise PromptFileError(f"{where}: expected a JSON object")
     if "turns" in obj:
@@ -89,7 +90,7 @@ def load_questions(path: str | Path, limit: int | None = None, per_category: int
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        rows.append(_row(obj, f"{path}:{n}"))
+        rows.append(question_row(obj, f"{path}:{n}"))
     if not rows:
         raise PromptFileError(f"prompts file has no prompts: {path}")
     if subtasks:

@@ -162,11 +162,9 @@ def _german(model, tok, sentences: list[str], batch: int = 48) -> list[str]:
     """The target's greedy German for each English sentence (its first line, whole sentences)."""
     import torch
 
-    from eagle.train.data import _generate_batch
+    from eagle.train.data import _generate_batch, eos_and_pad
 
-    eos = int(model.generation_config.eos_token_id if not isinstance(model.generation_config.eos_token_id, list)
-              else model.generation_config.eos_token_id[0])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    eos, pad = eos_and_pad(model, tok)
     out = []
     with torch.no_grad():
         for b in range(0, len(sentences), batch):

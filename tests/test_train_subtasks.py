@@ -49,9 +49,9 @@ def test_turns_rows_are_conversations(tmp_path):
 @pytest.mark.parametrize("row, message", [
     ({"turns": ["a", "b"]}, "'answers' must be a list of 1 strings"),
     ({"turns": ["a", "b"], "answers": ["A", "B"]}, "'answers' must be a list of 1 strings"),
-    ({"turns": ["a", ""], "answers": ["A"]}, "non-empty list of non-empty strings"),
-    ({"turns": [], "answers": []}, "non-empty list"),
-    ({"turns": ["a", 3], "answers": ["A"]}, "non-empty strings"),
+    ({"turns": ["a", ""], "answers": ["A"]}, "turn 2 is empty"),
+    ({"turns": [], "answers": []}, "\"turns\" must be a non-empty list of strings"),
+    ({"turns": ["a", 3], "answers": ["A"]}, r"turn 2 is not a string \(int\)"),
 ])
 def test_bad_turns_rows_name_file_and_line(tmp_path, row, message):
     p = _jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, row])
@@ -189,3 +189,17 @@ def test_subtask_rows_read_back_and_are_deterministic(tmp_path):
     assert sum(isinstance(p, tuple) for p in prompts) == 3
     rag = [r["prompt"] for r in rows if r["category"] == "rag"]
     assert all(r.rstrip().endswith("please") for r in rag)  # the question comes after the passages
+
+
+def test_data_only_also_builds_the_replayed_data(tmp_path, model):
+    """`eagle train --data-only` runs the replayed config's data stage too, not only the run's."""
+    own = _jsonl(tmp_path / "own.jsonl", [{"prompt": "own question"}])
+    old = _jsonl(tmp_path / "old.jsonl", [{"prompt": "old one"}, {"prompt": "old two"}])
+    replay = tmp_path / "replay.yaml"
+    replay.write_text(yaml.safe_dump({"target": "tiny-llama", "prompts": str(old), "num_prompts": 2,
+                                      "data_dir": str(tmp_path / "old-data"), "gen_batch_size": 2,
+                                      "gen_max_new_tokens": 4, "shard_prompts": 2}))
+    cfg = train_config(tmp_path, tmp_path / "own-data", own, "run", num_prompts=1, gen_batch_size=1,
+                       gen_max_new_tokens=4, shard_prompts=1, replay_config=str(replay))
+    run_data_stage(cfg, model, ByteTokenizer())
+    assert len(ShardDataset(tmp_path / "own-data")) == 1 and len(ShardDataset(tmp_path / "old-data")) == 2

@@ -25,13 +25,13 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..io import write_json
-from ..prompts import PromptFileError, encode_chat, encode_conversation
+from ..prompts import PromptFileError, encode_chat, encode_conversation, question_row
 
 # what the target answers: one user message, or a conversation ``(user, assistant, ..., user)`` whose
 # last user turn it answers (a multi-turn follow-up)
 Prompt = str | tuple[str, ...]
 
-__all__ = ["Prompt", "encode_prompt", "prompt_chars", "sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
+__all__ = ["Prompt", "encode_prompt", "eos_and_pad", "prompt_chars", "sample_next", "read_prompt_records", "read_conversations", "generate_shards", "write_shard", "ShardDataset", "load_manifest", "token_counts", "read_tensors",
            "writer_lock"]
 
 
@@ -72,9 +72,10 @@ def read_prompt_records(path: str | Path) -> list[Prompt]:
     records = _json_records(path, text)  # [(where, record)]: "file:line" or "file: record i"
     prompts = []
     for where, rec in records:
-        prompt = read_conversations(rec) if isinstance(rec, dict) else None
         if isinstance(rec, dict) and "turns" in rec and "prompt" not in rec:
             prompt = _follow_up(rec, where)
+        else:
+            prompt = read_conversations(rec) if isinstance(rec, dict) else None
         if prompt is None:
             raise PromptFileError(f"{where}: no prompt (expected a JSON object with a \"prompt\" string, ShareGPT "
                                   "'conversations' or UltraChat 'messages' with a user turn)")
@@ -109,16 +110,15 @@ def _json_records(path: Path, text: str) -> list[tuple[str, object]]:
 
 
 def _follow_up(rec: dict, where: str) -> tuple[str, ...]:
-    """``{"turns": [...], "answers": [...]}`` -> ``(user, assistant, ..., user)``, checked."""
-    turns, answers = rec.get("turns"), rec.get("answers", [])
-    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
-        raise PromptFileError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+    """``{"turns": [...], "answers": [...]}`` -> ``(user, assistant, ..., user)``, checked (the turns
+    as a bench question's are)."""
+    turns, answers = question_row(rec, where).turns, rec.get("answers", [])
     if not (isinstance(answers, list) and all(isinstance(a, str) for a in answers)) or len(answers) != len(turns) - 1:
         raise PromptFileError(f"{where}: 'answers' must be a list of {len(turns) - 1} strings (one per turn "
                               "before the last)")
     if len(turns) == 1:
         return turns[0]
-    return tuple(x for k, t in enumerate(turns) for x in ((t, answers[k]) if k < len(answers) else (t,)))
+    return tuple(x for pair in zip(turns, answers) for x in pair) + (turns[-1],)
 
 
 def read_conversations(rec: dict) -> str | None:
@@ -299,12 +299,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def eos_and_pad(model, tok) -> tuple[int, int]:
+    """The end-of-sequence id a sampling pass stops at (the first, where the model lists several) and
+    the id it left-pads prompts with (the tokenizer's, else EOS)."""
+    eos = model.generation_config.eos_token_id
+    eos = int(eos[0] if isinstance(eos, list) else eos)
+    return eos, tok.pad_token_id if tok.pad_token_id is not None else eos
+
+
 def _generate_shards(model, tok, prompts, out_dir: Path, batch_size, max_new_tokens, temperature, top_p,
                      shard_prompts, seed, store_hidden, feature_layers, on_shard=None) -> dict:
     manifest = load_manifest(out_dir)
-    eos = int(model.generation_config.eos_token_id if not isinstance(model.generation_config.eos_token_id, list)
-              else model.generation_config.eos_token_id[0])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    eos, pad = eos_and_pad(model, tok)
     done = manifest["prompts_done"]
     manifest.setdefault("hidden_size", int(model.config.get_text_config(decoder=True).hidden_size))
     layers = tuple(int(i) for i in feature_layers) if store_hidden else ()

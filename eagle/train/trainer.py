@@ -159,6 +159,12 @@ class EagleRecipe(Recipe):
             draft_vocab=[] if self.draft_vocab is None else self.draft_vocab.tolist()), dtype=getattr(torch, cfg.export_dtype))
 
 
+def data_sources(cfg: TrainConfig) -> list[TrainConfig]:
+    """The configs whose data a run trains on: ``cfg``, then its replayed config (if any)."""
+    replay = replay_config(cfg)
+    return [cfg] if replay is None else [cfg, replay]
+
+
 def replay_config(cfg: TrainConfig) -> TrainConfig | None:
     """The training config whose data ``cfg`` replays (its ``data_tokens`` set to ``cfg.replay_tokens``),
     or None. It must hold the same kind of features."""
@@ -255,13 +261,16 @@ def sampling_model(model, gen_dtype: str):
 
 
 def make_data(cfg: TrainConfig, model=None, tok=None) -> dict:
-    """Only the data stage of ``cfg`` (``eagle train --data-only``): returns the data manifest."""
+    """Only the data stage of ``cfg`` and of the config it replays (``eagle train --data-only``):
+    returns ``cfg``'s data manifest."""
     from ..models import load_target
 
     prompts = training_prompts(cfg)
+    sources = data_sources(cfg)  # a bad replay config fails before the target loads
     if model is None:
         model, tok = load_target(cfg.target)
-    prepare_data(cfg, model, tok, Run(), prompts)
+    for c in sources:
+        prepare_data(c, model, tok, Run(), prompts if c is cfg else None)
     return load_manifest(cfg.data_dir)
 
 
@@ -288,16 +297,15 @@ def train(cfg: TrainConfig, model=None, tok=None, progress: bool = True, on_step
 
     run = Run()
     prompts = training_prompts(cfg)  # a bad prompts file fails now, not after the target has loaded
+    sources = data_sources(cfg)  # and a bad replay config
     torch.manual_seed(cfg.seed)
     if model is None:
         model, tok = load_target(cfg.target, device=run.device)
-    prepare_data(cfg, model, tok, run, prompts)
-    replay = replay_config(cfg)
-    if replay is not None:  # its data stage: rebuilt from its token store up to replay_tokens
-        prepare_data(replay, model, tok, run)
+    for c in sources:  # a replayed config's data stage rebuilds from its token store up to replay_tokens
+        prepare_data(c, model, tok, run, prompts if c is cfg else None)
     recipe_cls = recipe_for(cfg)
     data = []
-    for c in (cfg, replay) if replay is not None else (cfg,):
+    for c in sources:
         data += ShardDataset(c.data_dir, load_hidden=recipe_cls.load_hidden and cfg.extraction == "offline",
                              load_layers=recipe_cls.load_layers, max_tokens=c.data_tokens).sequences
     train_set, eval_set = heldout_split(data, cfg.heldout_fraction, cfg.seed)

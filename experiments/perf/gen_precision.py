@@ -64,15 +64,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from eagle.models import load_target
-    from eagle.train.data import SAMPLE_TOP_K, _generate_batch, read_prompt_records
+    from eagle.train.data import SAMPLE_TOP_K, _generate_batch, eos_and_pad, read_prompt_records
 
     model, tok = load_target(args.target)
     low = copy.deepcopy(model).to(getattr(torch, args.dtype))
     prompts = read_prompt_records("experiments/data/prompts/train.jsonl")[: args.prompts]
     prompts.sort(key=len)
-    eos = model.generation_config.eos_token_id
-    eos = int(eos[0] if isinstance(eos, list) else eos)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    eos, pad = eos_and_pad(model, tok)
     L = model.config.num_hidden_layers
     layers = (2, L // 2, L - 3)
 
