@@ -338,8 +338,11 @@ def compile_times(dec) -> dict[str, float]:
 
 def draft_precisions(decoders: dict, configs) -> dict[str, str]:
     """For each config with ``drafter.dtype: auto``, the precision its drafter took on this machine
-    (eagle.heads.drafter.fastest_dtype), e.g. ``{"eagle2-cpu": "bfloat16"}``."""
-    return {cfg.name: str(decoders[cfg.name].drafter.dtype).removeprefix("torch.")
+    (eagle.heads.drafter.fastest_dtype), e.g. ``{"eagle2-cpu": "bfloat16"}`` (``"int8"``: weight-only int8)."""
+    def took(drafter) -> str:
+        return "int8" if getattr(drafter, "int8", False) else str(drafter.dtype).removeprefix("torch.")
+
+    return {cfg.name: took(decoders[cfg.name].drafter)
             for cfg in configs if getattr(cfg.drafter.options, "dtype", "") == "auto" and cfg.name in decoders}
 
 

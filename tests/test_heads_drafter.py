@@ -322,41 +322,53 @@ def test_compiled_tree_levels_equal_eager(shape, tmp_path, monkeypatch):
 
 
 def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
-    """``drafter.dtype: auto``: float32 without timing where bf16 is not native; otherwise the two
-    precisions' level products are timed (both really run) and bfloat16 must win by MARGIN; a
-    config with ``dtype: auto`` builds a drafter in the chosen precision, and decoding stays lossless."""
+    """``drafter.dtype: auto``: float32, bfloat16 (only where bf16 is native) and weight-only int8
+    (``torch.int8``, where torch's kernel takes the head's shapes) are timed (each really runs) and
+    another precision than float32 must win by MARGIN; nothing is timed where float32 is the only
+    way; a config with ``dtype: auto`` builds a drafter in the chosen precision, decoding lossless."""
     import eagle.backends.cpu as cpu
     from eagle.config import config_from_dict
     from eagle.heads.drafter import fastest_dtype
 
-    model = make_tiny_head_target("llama")
-    target = Target(model, "reference", backend=CpuBackend())  # CpuBackend.draft_dtype times the two
+    model = make_tiny_head_target("llama")  # hidden 64, intermediate 128: int8's shapes
+    target = Target(model, "reference", backend=CpuBackend())  # CpuBackend.draft_dtype times the ways
     head = random_head(model, seed=3)
 
     def no_timing(fns, repeats):
-        raise AssertionError("nothing to time without native bf16")
+        raise AssertionError("nothing to time with float32 the only way")
 
+    monkeypatch.setattr(cpu, "_INT8_MM", None)
     monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": False)
     monkeypatch.setattr(cpu, "timed_pass", no_timing)
     assert fastest_dtype(target, head, rows=3) == torch.float32
-    monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu": True)
     assert fastest_dtype(Target(model, "reference", backend=EagerBackend()), head, rows=3) == torch.float32  # no timing
-    for secs, want in (((1.0, 0.5), torch.bfloat16), ((1.0, 0.99), torch.float32), ((1.0, 1.5), torch.float32)):
+    monkeypatch.undo()
+    int8_mm = cpu._INT8_MM
+    for native, secs, want in ((True, (1.0, 0.5, 0.6), torch.bfloat16), (True, (1.0, 0.99, 0.985), torch.float32),
+                               (True, (1.0, 1.5, 0.4), torch.int8), (False, (1.0, 0.5), torch.int8),
+                               (False, (1.0, 1.2), torch.float32)):
         def fake(fns, repeats, secs=secs):
-            for fn in fns:  # both precisions' products really run
+            assert len(fns) == len(secs)
+            for fn in fns:  # every precision's products really run
                 fn()
             return list(secs)
 
+        monkeypatch.setattr("eagle.backends.native_bf16", lambda device="cpu", native=native: native)
         monkeypatch.setattr(cpu, "timed_pass", fake)
         assert fastest_dtype(target, head, rows=3) == want
+    assert int8_mm is not None  # torch has its weight-only int8 kernel: the int8 way was timed above
     (tmp_path / "head").mkdir()
     monkeypatch.setattr("eagle.heads.load_head", lambda path, model: head)  # the random head, as if loaded
     cfg = config_from_dict({"drafter": {"type": "eagle", "head": "head", "dtype": "auto"},
                             "tree": {"shape": "dynamic", "depth": 3, "top_k": 2, "total_tokens": 6}},
                            tmp_path / "auto.yaml")
-    drafter = cfg.build_drafter(target)  # the last fake timing: bfloat16 lost
-    assert isinstance(drafter, EagleDrafter) and drafter.dtype == torch.float32
+    drafter = cfg.build_drafter(target)  # the last fake timing: int8 lost
+    assert isinstance(drafter, EagleDrafter) and drafter.dtype == torch.float32 and not drafter.int8
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
+    assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens
+    monkeypatch.setattr(cpu, "timed_pass", lambda fns, repeats: [1.0, 0.5][: len(fns)])  # int8 wins
+    drafter = cfg.build_drafter(target)
+    assert drafter.int8 and drafter.dtype == torch.float32
     assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens
 
 

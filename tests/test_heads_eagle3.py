@@ -134,6 +134,26 @@ def test_bfloat16_drafting_stays_lossless():
     assert TreeDecoder(target, dr).generate(prompt, 16).tokens == TreeDecoder(target, NoDrafter()).generate(prompt, 16).tokens
 
 
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_int8_drafting_stays_lossless(backend):
+    """Weight-only int8 (eagle/heads/int8.py) on an EAGLE-3 head: its fc and layer quantized, its own
+    LM head the quantized draft LM head (left a float layer in the copy); greedy stays lossless."""
+    from eagle.backends.cpu import CpuBackend
+    from eagle.backends.eager import EagerBackend
+    from eagle.heads.int8 import Int8Linear, quantize_rows
+
+    model = make_tiny_head_target("llama")
+    target = Target(model, "reference", backend=EagerBackend() if backend == "eager" else CpuBackend())
+    head = random_eagle3(model, seed=3)
+    dr = EagleDrafter(target, head, SHAPES[0], int8=True)
+    assert isinstance(dr.head.fc, Int8Linear) and type(dr.head.lm_head) is torch.nn.Linear and type(head.fc) is torch.nn.Linear
+    x = torch.randn(3, head.lm_head.in_features)
+    q, scale = quantize_rows(head.lm_head.weight)
+    torch.testing.assert_close(dr._project(x), x @ (q.float() * scale[:, None]).T, atol=0.05, rtol=0.02)
+    prompt = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(1))
+    assert TreeDecoder(target, dr).generate(prompt, 16).tokens == TreeDecoder(target, NoDrafter()).generate(prompt, 16).tokens
+
+
 def test_checkpoint_round_trip_and_drafter_type(tmp_path):
     model = make_tiny_head_target("llama")
     tcfg = model.config

@@ -12,7 +12,7 @@ it prepares for that target's model. What a Target asks of it:
   backend has a faster way, its per-row argmax without every logit.
 
 Drafters and training ask for :meth:`Backend.head_attention`, :meth:`Backend.fast_linears`,
-:meth:`Backend.draft_dtype` and :meth:`Backend.fast_model` (the same speed-ups on their modules).
+:meth:`Backend.draft_dtype`, :meth:`Backend.int8_linear` and :meth:`Backend.fast_model` (the same speed-ups on their modules).
 """
 from __future__ import annotations
 
@@ -116,8 +116,16 @@ class Backend:
 
     def draft_dtype(self, lm_weight: torch.Tensor, linears: list[nn.Linear], rows: int) -> torch.dtype:
         """``drafter.dtype: auto``: the precision in which a draft level's products (``rows`` rows
-        through ``linears`` and the draft LM head ``lm_weight``) run faster here."""
+        through ``linears`` and the draft LM head ``lm_weight``) run fastest here; ``torch.int8``
+        stands for weight-only int8 products (:meth:`int8_linear`)."""
         return torch.float32
+
+    def int8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``x (T, K) @ (q (N, K) int8 * scale (N,)).T -> (T, N)`` in ``x``'s dtype (weight-only int8
+        drafting, eagle/heads/int8.py); here by dequantizing the weight."""
+        from ..heads.int8 import int8_linear_reference
+
+        return int8_linear_reference(x, q, scale)
 
     def fast_model(self, model: nn.Module, batch_sizes) -> nn.Module:
         """``model`` or a parameter-sharing twin whose forwards of ``batch_sizes`` rows run faster."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .eagle import DraftHead
+from .int8 import int8_copy, quantize_rows
 from ..attention import sharing_copy
 from ..kv import SlotCache
 from ..target import Target
@@ -38,10 +39,10 @@ from ..runtime import DTYPES
 
 
 def fastest_dtype(target: Target, head: DraftHead, rows: int) -> torch.dtype:
-    """``drafter.dtype: auto``: the precision, float32 or bfloat16, in which a tree level's products
-    (``rows`` rows: the head's linear layers and the draft LM head) run faster here, as the target's
-    backend finds it (``Backend.draft_dtype``). A draft only proposes, so either keeps decoding
-    lossless."""
+    """``drafter.dtype: auto``: the precision, float32, bfloat16 or weight-only int8 (``torch.int8``),
+    in which a tree level's products (``rows`` rows: the head's linear layers and the draft LM head)
+    run fastest here, as the target's backend finds it (``Backend.draft_dtype``). A draft only
+    proposes, so each keeps decoding lossless."""
     linears = [m for m in head.modules() if type(m) is torch.nn.Linear]
     return target.backend.draft_dtype(head.draft_weight(target.lm_head).detach(), linears, rows)  # (Vd, H) head
 
@@ -58,7 +59,7 @@ class EagleDrafter(Drafter):
     hundreds are not representable exactly in bfloat16)."""
 
     def __init__(self, target: Target, head: DraftHead, shape: TreeShape, sample: bool = False,
-                 dtype: torch.dtype | None = None, prompt_vocab: bool = False):
+                 dtype: torch.dtype | None = None, prompt_vocab: bool = False, int8: bool = False):
         if prompt_vocab and (head.feature_layers or head.vocab_map is None):
             raise ValueError("drafter.prompt_vocab needs an EAGLE-1/2 head with a reduced draft vocabulary (it "
                              "drafts through the target's LM head rows; an EAGLE-3 head has its own LM head)")
@@ -70,8 +71,13 @@ class EagleDrafter(Drafter):
             for name, child in head.named_children():
                 if name != "rotary":
                     child.to(self.dtype)
-        # faster products for a level's rows (top_k frontier nodes) where the backend has a way
-        head = target.backend.fast_linears(head, shape.top_k) or head
+        lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
+        mm = target.backend.int8_linear
+        if int8:  # weight-only int8 products (eagle/heads/int8.py); the rest in self.dtype. An
+            # EAGLE-3 head's own LM head is read only as the draft LM head, quantized below
+            head = int8_copy(head, mm, skip=getattr(head, "lm_head", None))
+        else:  # faster products for a level's rows (top_k frontier nodes) where the backend has a way
+            head = target.backend.fast_linears(head, shape.top_k) or head
         # the head's tree levels go through the target's tree kernel, or the backend's attention
         # for grouped-query heads (each KV head read once for its query heads, no K/V copies)
         attention = target.backend.head_attention(head.layer_config, target.use_kernel)
@@ -81,7 +87,13 @@ class EagleDrafter(Drafter):
             head.layer_config._attn_implementation = attention
         self.target, self.head, self.shape, self.sample = target, head, shape, sample
         self.feature_layers = head.feature_layers
-        self.lm_w = head.draft_weight(target.lm_head).detach().to(self.dtype)  # (Vd, H)
+        self.lm_w = lm_w
+        self.int8 = int8
+        if int8:  # the draft LM head as int8 rows and their scales: (Vd, H), (Vd,)
+            lm_q, lm_scale = quantize_rows(self.lm_w)
+            self._project = lambda x: mm(x, lm_q, lm_scale)
+        else:
+            self._project = lambda x: target.backend.project(x, self.lm_w)
         self.vocab = target.lm_head.weight.shape[0]
         vmap = head.vocab_map
         self.d2t = None if vmap is None else vmap.to(target.device)
@@ -179,7 +191,7 @@ class EagleDrafter(Drafter):
         """Draft logits ``(n, Vd)`` over the draft vocabulary (``self.d2t`` maps them to target ids);
         with ``prompt_vocab``, ``(n, Vd + E)``: the prompt's E other tokens after them."""
         x = self.head.pre_logits(feats)
-        logits = self.target.backend.project(x, self.lm_w).float()
+        logits = self._project(x).float()
         if self.extra_w is None:
             return logits
         return torch.cat([logits, torch.nn.functional.linear(x, self.extra_w).float()], dim=-1)
@@ -251,12 +263,27 @@ class HeadOptions:
 
     head: str = field(default="", metadata={"path": "file"})  # the head checkpoint folder
     sample: bool = False  # sample children without replacement from q (temperature > 0) instead of top-k
-    dtype: str = ""  # run the head in float32 | bfloat16 | float16 | auto (the faster here); "" = the target's
+    # run the head in float32 | bfloat16 | float16 | int8 (weight-only int8 products, the rest in the
+    # target's precision) | auto (the fastest here of float32, bfloat16 and int8); "" = the target's
+    dtype: str = ""
 
     def validate(self) -> None:
-        if self.dtype not in ("", "auto") + DTYPES:
-            raise ValueError(f"drafter.dtype must be one of {('auto',) + DTYPES} (or empty for the target's), "
+        if self.dtype not in HEAD_DTYPES:
+            raise ValueError(f"drafter.dtype must be one of {HEAD_DTYPES[1:]} (or empty for the target's), "
                              f"got '{self.dtype}'")
+
+    def precision(self, target: Target, head: DraftHead, tree: TreeShape) -> dict:
+        """The drafter's ``dtype`` and ``int8`` arguments for this ``dtype`` option (``auto``:
+        :func:`fastest_dtype` for a level of ``tree.top_k`` rows)."""
+        if self.dtype == "int8":
+            return {"dtype": None, "int8": True}
+        if self.dtype == "auto":
+            dtype = fastest_dtype(target, head, rows=tree.top_k)
+            return {"dtype": None, "int8": True} if dtype == torch.int8 else {"dtype": dtype, "int8": False}
+        return {"dtype": getattr(torch, self.dtype) if self.dtype else None, "int8": False}
+
+
+HEAD_DTYPES = ("", "auto") + DTYPES + ("int8",)
 
 
 @dataclass
@@ -268,7 +295,7 @@ class EagleOptions(HeadOptions):
 class EagleHeadDrafter(EagleDrafter):
     """``drafter.type: eagle``: :class:`EagleDrafter` with an EAGLE-1/2 head loaded from
     ``options.head`` (resolved from the config file's folder by the loader) onto the target's
-    device, in ``options.dtype`` (``auto``: :func:`fastest_dtype` for a level of ``tree.top_k`` rows)."""
+    device, in ``options.dtype`` (:meth:`HeadOptions.precision`)."""
 
     Options = EagleOptions
 
@@ -279,12 +306,8 @@ class EagleHeadDrafter(EagleDrafter):
         kind = "eagle3" if head.feature_layers else "eagle"
         if kind != self.name:
             raise ValueError(f"head {options.head} is an {kind} head: use drafter type '{kind}', not '{self.name}'")
-        if options.dtype == "auto":  # the faster of float32 and bfloat16 for a level's products here
-            dtype = fastest_dtype(target, head, rows=tree.top_k)
-        else:
-            dtype = getattr(torch, options.dtype) if options.dtype else None
-        super().__init__(target, head, tree, sample=options.sample, dtype=dtype,
-                         prompt_vocab=getattr(options, "prompt_vocab", False))
+        super().__init__(target, head, tree, sample=options.sample, prompt_vocab=getattr(options, "prompt_vocab", False),
+                         **options.precision(target, head, tree))
         self.options = options
 
     @classmethod

@@ -45,7 +45,7 @@ from ..draft.ngram import NgramDrafter
 from ..draft.shape import ChainShape, TreeShape
 from ..target import Target
 from ..tree import Tree
-from .drafter import EagleDrafter, EagleOptions, fastest_dtype
+from .drafter import EagleDrafter, EagleOptions
 
 __all__ = ["HybridDrafter", "HybridHeadDrafter", "HybridOptions", "graft"]
 
@@ -234,15 +234,10 @@ class HybridHeadDrafter(HybridDrafter):
         from . import load_head  # the package's, looked up when called
 
         head = load_head(options.head, target.model).to(target.device)
-        if options.dtype == "auto":
-            dtype = fastest_dtype(target, head, rows=tree.top_k)
-        else:
-            dtype = getattr(torch, options.dtype) if options.dtype else None
         o = options
         super().__init__(target, head, tree, max_ngram=o.max_ngram, min_ngram=o.min_ngram, match_depth=o.match_depth,
                          min_match_len=o.min_match_len, min_gain=o.min_gain, value_match=o.value_match,
-                         sample=o.sample, dtype=dtype,
-                         prompt_vocab=o.prompt_vocab)
+                         sample=o.sample, prompt_vocab=o.prompt_vocab, **o.precision(target, head, tree))
         self.options = options
 
     @classmethod

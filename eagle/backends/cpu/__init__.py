@@ -36,6 +36,7 @@ from .regions import regional_copy
 
 __all__ = ["CpuBackend", "BACKEND"]
 
+_INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)  # (T, K) bf16 x (N, K) int8, (N,) scales
 _RECOMPILE_LIMIT = 256  # graphs of the compiled step's code (one per bucket, layer set and cache capacity)
 # inductor's options for compiled steps: no size, alignment or scalar checks in the graph's Python
 # wrapper (~10 calls per layer region, 30 regions a step; the extension's ops return what their
@@ -184,18 +185,20 @@ class CpuBackend(Backend):
         return streaming_copy(module, rows=rows, upto=upto, decide=self.linear)
 
     def draft_dtype(self, lm_weight, linears, rows, repeats: int = 5):
-        """float32 on a CPU without native bf16 products; otherwise both precisions timed on the
-        head's own weights (interleaved, best of ``repeats``: each linear through the small-row
-        kernel where it runs, the LM head through :func:`project`), bfloat16 winning by ``MARGIN``."""
+        """The fastest here of float32, bfloat16 (where bf16 products are native) and weight-only int8
+        (``torch.int8``: :meth:`int8_linear`, where torch's kernel takes the head's shapes), timed on the
+        head's own weights (interleaved, best of ``repeats``: float32 and bfloat16 linears through the
+        small-row kernel where it runs, their LM head through :func:`project`); another precision
+        than float32 must win by ``MARGIN``."""
         from .. import native_bf16
+        from ...heads.int8 import quantize_rows
 
-        if not native_bf16(self.device):
-            return torch.float32
         lm = lm_weight.detach()
+        weights = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
 
         def level(dtype):
             w_lm = lm.to(dtype)
-            ws = [(m.weight.detach().to(dtype), None if m.bias is None else m.bias.detach().to(dtype)) for m in linears]
+            ws = [(w.to(dtype), None if b is None else b.to(dtype)) for w, b in weights]
             xs = {k: torch.randn(rows, k, dtype=dtype) for k in {w.shape[1] for w, _ in ws} | {w_lm.shape[1]}}
 
             def run():
@@ -205,9 +208,35 @@ class CpuBackend(Backend):
 
             return run
 
+        def int8_level():
+            qs = [quantize_rows(w) for w in [lm] + [w for w, _ in weights]]  # (q, scale) per product
+            xs = {k: torch.randn(rows, k) for k in {q.shape[1] for q, _ in qs}}
+
+            def run():
+                for q, scale in qs:
+                    self.int8_linear(xs[q.shape[1]], q, scale)
+
+            return run
+
+        ways = {torch.float32: level(torch.float32)}
+        if native_bf16(self.device):
+            ways[torch.bfloat16] = level(torch.bfloat16)
+        if _INT8_MM is not None and all(w.shape[1] % 16 == 0 for w in [lm] + [w for w, _ in weights]):
+            ways[torch.int8] = int8_level()
+        if len(ways) == 1:
+            return torch.float32
         with torch.no_grad():
-            t32, t16 = timed_pass([level(torch.float32), level(torch.bfloat16)], repeats)
-        return torch.bfloat16 if t16 < (1 - MARGIN) * t32 else torch.float32
+            times = dict(zip(ways, timed_pass(list(ways.values()), repeats)))
+        best = min(times, key=times.get)
+        return best if times[best] < (1 - MARGIN) * times[torch.float32] else torch.float32
+
+    def int8_linear(self, x, q, scale):
+        # torch's weight-only int8 kernel (the int8 rows converted in registers); it takes bfloat16
+        # activations (its float32 form is a slow fallback here), so the rounding is bf16's. Its
+        # inner dimension must be a multiple of 16 (others crash or return wrong sums in torch 2.13)
+        if _INT8_MM is None or x.device.type != "cpu" or x.dim() != 2 or not len(x) or x.shape[1] % 16:
+            return super().int8_linear(x, q, scale)
+        return _INT8_MM(x.to(torch.bfloat16).contiguous(), q, scale.to(torch.bfloat16)).to(x.dtype)
 
     def fast_model(self, model: nn.Module, batch_sizes) -> nn.Module:
         """The model's packed twin for ``batch_sizes``-row forwards where MKL's packed GEMM or the
