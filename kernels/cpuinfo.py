@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cache_dir"]
+__all__ = ["cpu_flags", "cache_dir", "last_level_cache_bytes"]
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -14,6 +14,22 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
             return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
         return set()
+
+
+def last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache", default: int = 64 << 20) -> int:
+    """The size of CPU 0's largest (last-level) cache from ``sysfs``, e.g. "260M" -> bytes;
+    ``default`` where it cannot be read."""
+    sizes = []
+    for index in sorted(Path(sysfs).glob("index*")):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=default)
 
 
 def cache_dir() -> Path:

@@ -11,11 +11,17 @@ def packed_gemm_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-def onednn_available() -> bool:
-    """Whether oneDNN's bfloat16 GEMM with a packed weight runs here (a torch build with oneDNN, on
-    a CPU it runs bfloat16 on: natively with AVX512-BF16 / AMX, else emulated)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+def onednn_available(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether oneDNN's bfloat16 GEMM with a packed weight runs here with each row's result
+    independent of the call's row count: a torch build with oneDNN on a CPU with native bfloat16
+    products (AVX512-BF16 or AMX-BF16). Where oneDNN emulates bfloat16 (AVX-512 without BF16) a
+    row's sum changes with the row count (the model's shapes at 8-64 rows, measured on a Xeon
+    without AVX512-BF16), which a tree step checked against one-token steps cannot have."""
+    from .cpuinfo import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and torch.backends.mkldnn.is_available() \
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def onednn_pack(weight: torch.Tensor) -> torch.Tensor:

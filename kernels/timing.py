@@ -9,13 +9,16 @@ __all__ = ["MARGIN", "timed_pass"]
 MARGIN = 0.03
 
 
-def timed_pass(fns, repeats: int) -> list[float]:
-    """Best-of-``repeats`` seconds of each zero-argument ``fn`` (interleaved, after one warm-up each)."""
+def timed_pass(fns, repeats: int, before=None) -> list[float]:
+    """Best-of-``repeats`` seconds of each zero-argument ``fn`` (interleaved, after one warm-up each);
+    ``before()``, untimed, before each timed call (e.g. evicting the caches)."""
     best = [float("inf")] * len(fns)
     for fn in fns:
         fn()
     for _ in range(repeats):
         for i, fn in enumerate(fns):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             fn()
             best[i] = min(best[i], time.perf_counter() - t0)

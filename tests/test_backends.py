@@ -207,3 +207,19 @@ def test_one_backends_linear_way_does_not_change_anothers_on_the_same_model(tiny
     assert stream.twin is not always.twin
     again = Target(model, "reference", runtime, backend=CpuBackend(linear="stream")).backend
     assert again.twin is stream.twin  # the same choice: one twin, packed copies made once
+
+
+def test_last_level_cache_size_and_timing_with_eviction(tmp_path):
+    """``last_level_cache_bytes`` reads the largest cache of CPU 0 from sysfs (a default where it
+    cannot); ``timed_pass(before=...)`` calls ``before`` untimed before every timed call."""
+    from eagle_kernels.cpuinfo import last_level_cache_bytes
+    from eagle_kernels.timing import timed_pass
+
+    for i, size in enumerate(["48K", "2048K", "260M", "junk"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 260 << 20
+    assert last_level_cache_bytes(str(tmp_path / "none"), default=123) == 123
+    calls = []
+    best = timed_pass([lambda: calls.append("a"), lambda: calls.append("b")], 2, before=lambda: calls.append("evict"))
+    assert calls == ["a", "b"] + ["evict", "a", "evict", "b"] * 2 and len(best) == 2

@@ -334,7 +334,7 @@ def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
     target = Target(model, "reference", backend=CpuBackend())  # CpuBackend.draft_dtype times the ways
     head = random_head(model, seed=3)
 
-    def no_timing(fns, repeats):
+    def no_timing(fns, repeats, before=None):
         raise AssertionError("nothing to time with float32 the only way")
 
     monkeypatch.setattr(cpu, "_INT8_MM", None)
@@ -347,8 +347,8 @@ def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
     for native, secs, want in ((True, (1.0, 0.5, 0.6), torch.bfloat16), (True, (1.0, 0.99, 0.985), torch.float32),
                                (True, (1.0, 1.5, 0.4), torch.int8), (False, (1.0, 0.5), torch.int8),
                                (False, (1.0, 1.2), torch.float32)):
-        def fake(fns, repeats, secs=secs):
-            assert len(fns) == len(secs)
+        def fake(fns, repeats, before=None, secs=secs):
+            assert len(fns) == len(secs) and before is not None  # the caches evicted before each pass
             for fn in fns:  # every precision's products really run
                 fn()
             return list(secs)
@@ -366,7 +366,7 @@ def test_auto_draft_precision_is_the_faster_one(monkeypatch, tmp_path):
     assert isinstance(drafter, EagleDrafter) and drafter.dtype == torch.float32 and not drafter.int8
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
     assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens
-    monkeypatch.setattr(cpu, "timed_pass", lambda fns, repeats: [1.0, 0.5][: len(fns)])  # int8 wins
+    monkeypatch.setattr(cpu, "timed_pass", lambda fns, repeats, before=None: [1.0, 0.5][: len(fns)])  # int8 wins
     drafter = cfg.build_drafter(target)
     assert drafter.int8 and drafter.dtype == torch.float32
     assert TreeDecoder(target, drafter).generate(prompt, 16).tokens == TreeDecoder(target).generate(prompt, 16).tokens

@@ -426,3 +426,14 @@ def test_onednn_target_equals_plain_bfloat16_target(arch, tiny_model):
                for p in (True, False))
     assert on.backend.onednn_rows == set(on.runtime.buckets) and off.backend.twin is None
     _same_tree_steps(on, off, prefix, gen, (0.05, 0.02))
+
+
+def test_onednn_way_needs_native_bf16(tmp_path):
+    """oneDNN's bf16 GEMM is offered only where bf16 products are native: emulated, a row's sum
+    changes with the call's row count (what tree steps checked against one-token steps cannot have)."""
+    emulated, native = tmp_path / "emulated", tmp_path / "native"
+    emulated.write_text("processor : 0\nflags : fpu sse avx2 avx512f avx512bw avx512vl avx512_vnni\n")
+    native.write_text("processor : 0\nflags : fpu sse avx2 avx512f avx512bw avx512vl avx512_bf16\n")
+    assert not onednn_available(str(emulated))
+    assert onednn_available(str(native)) == (torch.backends.mkldnn.is_available()
+                                             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))

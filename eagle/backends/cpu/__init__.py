@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from eagle_kernels import cpu_argmax, cpu_gemm
+from eagle_kernels.cpuinfo import last_level_cache_bytes
 from eagle_kernels.timing import MARGIN, timed_pass
 
 from ..base import Backend, use_inductor_cache
@@ -37,6 +38,7 @@ from .regions import regional_copy
 __all__ = ["CpuBackend", "BACKEND"]
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)  # (T, K) bf16 x (N, K) int8, (N,) scales
+_LEVELS_TIMED = 4  # draft_dtype: the products of a catch-up and three tree levels per timed pass
 _RECOMPILE_LIMIT = 256  # graphs of the compiled step's code (one per bucket, layer set and cache capacity)
 # inductor's options for compiled steps: no size, alignment or scalar checks in the graph's Python
 # wrapper (~10 calls per layer region, 30 regions a step; the extension's ops return what their
@@ -184,12 +186,16 @@ class CpuBackend(Backend):
     def fast_linears(self, module, rows, upto=64):
         return streaming_copy(module, rows=rows, upto=upto, decide=self.linear)
 
-    def draft_dtype(self, lm_weight, linears, rows, repeats: int = 5):
+    def draft_dtype(self, lm_weight, linears, rows, repeats: int = 3):
         """The fastest here of float32, bfloat16 (where bf16 products are native) and weight-only int8
         (``torch.int8``: :meth:`int8_linear`, where torch's kernel takes the head's shapes), timed on the
-        head's own weights (interleaved, best of ``repeats``: float32 and bfloat16 linears through the
-        small-row kernel where it runs, their LM head through :func:`project`); another precision
-        than float32 must win by ``MARGIN``."""
+        head's own weights (float32 and bfloat16 linears through the small-row kernel where it runs,
+        their LM head through :func:`project`); another precision than float32 must win by ``MARGIN``.
+
+        Timed as decoding runs them: a propose's worth of levels (``_LEVELS_TIMED``) after the last
+        level cache was evicted, since the target's verification forward evicts the head's weights
+        before every propose: the first level reads them from memory, where the bytes per weight
+        count most (interleaved, best of ``repeats``)."""
         from .. import native_bf16
         from ...heads.int8 import quantize_rows
 
@@ -202,9 +208,10 @@ class CpuBackend(Backend):
             xs = {k: torch.randn(rows, k, dtype=dtype) for k in {w.shape[1] for w, _ in ws} | {w_lm.shape[1]}}
 
             def run():
-                project(xs[w_lm.shape[1]], w_lm)  # (rows, Vd)
-                for w, b in ws:
-                    cpu_gemm.small_linear(xs[w.shape[1]], w, b)
+                for _ in range(_LEVELS_TIMED):
+                    project(xs[w_lm.shape[1]], w_lm)  # (rows, Vd)
+                    for w, b in ws:
+                        cpu_gemm.small_linear(xs[w.shape[1]], w, b)
 
             return run
 
@@ -213,8 +220,9 @@ class CpuBackend(Backend):
             xs = {k: torch.randn(rows, k) for k in {q.shape[1] for q, _ in qs}}
 
             def run():
-                for q, scale in qs:
-                    self.int8_linear(xs[q.shape[1]], q, scale)
+                for _ in range(_LEVELS_TIMED):
+                    for q, scale in qs:
+                        self.int8_linear(xs[q.shape[1]], q, scale)
 
             return run
 
@@ -225,8 +233,10 @@ class CpuBackend(Backend):
             ways[torch.int8] = int8_level()
         if len(ways) == 1:
             return torch.float32
+        # (n,) float32 in real pages: twice the last level cache, at most 1 GiB
+        evict = torch.ones(min(2 * last_level_cache_bytes(), 1 << 30) // 4)
         with torch.no_grad():
-            times = dict(zip(ways, timed_pass(list(ways.values()), repeats)))
+            times = dict(zip(ways, timed_pass(list(ways.values()), repeats, before=lambda: evict.sum())))
         best = min(times, key=times.get)
         return best if times[best] < (1 - MARGIN) * times[torch.float32] else torch.float32
 
