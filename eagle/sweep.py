@@ -324,7 +324,7 @@ def load_state(out: str | Path, settings: dict) -> dict:
 def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Path, max_new_tokens: int,
               top_p: float = 1.0, target_name: str = "", log=print, **extra_settings) -> dict:
     """Run every cell (one bench per temperature), recording each run in ``out/state.json``;
-    return ``{"settings", "baselines": {temperature: plain}, "cells": [...]}``.
+    return ``{"settings", "baselines": {temperature: plain}, "cells": [...], "device"}``.
 
     The settings (:func:`sweep_settings`: prompt set, token budget, target, ``extra_settings``)
     must equal those of an earlier run in ``out`` for it to resume; cells whose config changed
@@ -356,6 +356,7 @@ def run_sweep(model, tokenizer, prompts: list, cells: list[Cell], out: str | Pat
         res = run_bench(model, tokenizer, prompts, [c.config for c in group], max_new_tokens, t, top_p,
                         target_name=target_name, records=recs, on_record=on_record)
         summary["baselines"][key] = res["plain"]
+        summary["device"] = res["device"]
         for c, run in zip(group, res["runs"]):
             by_name[c.name] = {"cell": c.name, "grid": c.values, "temperature": t,
                                "config": c.config.as_dict(),

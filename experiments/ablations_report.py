@@ -48,6 +48,8 @@ def section(ablation: Path, results: Path, doc_dir: Path) -> str:
     heads = sorted({c.get("config", {}).get("drafter", {}).get("head") for c in summary.get("cells", [])} - {None, ""})
     if heads:  # the measured cells' heads (a config may name another one now)
         lines += ["Heads the cells drafted with: " + ", ".join(f"`{h}`" for h in heads) + ".", ""]
+    if summary.get("device"):  # recorded by eagle sweep
+        lines += [f"Measured on {summary['device']}.", ""]
     lines += [f"```\n{summary.get('command') or command}\n```", "", (results / "table.md").read_text().strip(), ""]
     for png, alt in (("tau_speedup.png", "tau and speedup"), ("acceptance.png", "per-depth acceptance and accepted length")):
         if (results / png).exists():

@@ -25,6 +25,9 @@ per step): the catch-up (the head over the newly accepted pairs), the head's for
 levels, the draft LM head (with its top-k), and the rest (building the tree and its masks in Python).
 
     python experiments/drafter_time.py --config experiments/configs/eagle2-cpu.yaml --split 8
+
+``--dtype D`` (with ``--in-loop`` / ``--split``): the config's ``drafter.dtype`` replaced by D
+(e.g. ``float32`` against ``int8``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ import statistics
 import time
 
 import torch
+
+from eagle.heads.drafter import HEAD_DTYPES
 
 
 class _Stop(Exception):
@@ -199,6 +204,7 @@ def main(argv=None) -> None:
     ap.add_argument("--compiled-levels", action="store_true", help="also time each dtype with compiled tree levels")
     ap.add_argument("--in-loop", type=int, metavar="N", help="instead: propose inside decoding of N chat prompts")
     ap.add_argument("--split", type=int, metavar="N", help="instead: where propose spends its time, over N chat prompts")
+    ap.add_argument("--dtype", choices=HEAD_DTYPES[1:], help="with --in-loop / --split: this drafter.dtype instead of the config's")
     args = ap.parse_args(argv)
 
     from eagle.config import load_config
@@ -207,6 +213,11 @@ def main(argv=None) -> None:
     config = load_config(args.config)
     if config.drafter.type != "eagle":
         raise SystemExit(f"{args.config}: drafter.type must be 'eagle'")
+    if args.dtype:
+        if not (args.in_loop or args.split):
+            raise SystemExit("--dtype goes with --in-loop or --split (the default mode times --dtypes)")
+        options = dataclasses.replace(config.drafter.options, dtype=args.dtype)
+        config = dataclasses.replace(config, drafter=dataclasses.replace(config.drafter, options=options))
     for flag in ("in_loop", "split"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} takes a positive number of prompts")
@@ -219,7 +230,9 @@ def main(argv=None) -> None:
         prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()][: args.in_loop or args.split]
     if args.split:
         times = split_times(model, tok, config, prompts)
-        print(f"{config.name}, {torch.get_num_threads()} threads, {len(prompts)} prompts, {len(times['propose'])} steps "
+        dtype = config.drafter.options.dtype or "the target's"
+        print(f"{config.name} (drafter.dtype {dtype}), {torch.get_num_threads()} threads, "
+              f"{len(prompts)} prompts, {len(times['propose'])} steps "
               f"(medians per step; the parts' medians need not add up to the whole's)")
         print("| part of propose | ms |")
         print("|---|---:|")

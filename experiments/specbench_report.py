@@ -60,6 +60,9 @@ def render(result: dict, json_path: str, baseline: str) -> str:
         best.append(f"{cat} {name} ({ok[name]['tokens_per_s'] / runs[baseline]['categories'][cat]['tokens_per_s']:.2f}x)")
     lines += ["Fastest config per subtask among those identical to plain decoding on every turn (against "
               f"{baseline}): " + "; ".join(best) + ".", ""]
+    if result.get("draft_dtype_auto"):  # what drafter.dtype: auto took on this machine
+        lines += ["`drafter.dtype: auto` took: " + ", ".join(f"{k} {v}" for k, v in result["draft_dtype_auto"].items())
+                  + ".", ""]
     for cat in cats + ["pooled"]:
         if cat == "pooled":
             rows = {name: _pooled(r) for name, r in runs.items()}
@@ -108,7 +111,8 @@ def sweep_table(sweep: dict, title: str, intro: str, label) -> list[str]:
     pooled, tok/s pooled against the faster plain decoder of the run, turns identical to plain."""
     cells = sweep["cells"]
     cats = list(cells[0]["categories"])
-    out = [f"## {title}", "", intro, "", "```", sweep.get("command", ""), "```", "",
+    where = sweep.get("device", "a machine its results do not record")
+    out = [f"## {title}", "", f"{intro} Its own run, on {where}:", "", "```", sweep.get("command", ""), "```", "",
            "| cell | " + " | ".join(f"{c} tau" for c in cats) + " | pooled tau | speedup | identical |",
            "|---|" + "---:|" * (len(cats) + 3)]
     for c in cells:
@@ -122,7 +126,7 @@ def prompt_vocab_table(sweep: dict) -> list[str]:
     return sweep_table(sweep, "The prompt's tokens in the draft vocabulary",
                        "eagle2-cpu with `drafter.prompt_vocab` off and on (the prompt's tokens outside the head's "
                        "draft vocabulary drafted through the target's LM-head rows), one sweep on the same subset; "
-                       "tau per subtask and pooled, tok/s pooled against the faster plain decoder of the run:",
+                       "tau per subtask and pooled, tok/s pooled against the faster plain decoder of the run.",
                        lambda c: f"prompt_vocab {c['grid']['drafter.prompt_vocab']}")
 
 
@@ -136,7 +140,7 @@ def subtask_head_table(sweep: dict) -> list[str]:
                        "part of its original data replayed (`eagle train --config "
                        "experiments/configs/train-smollm2-subtasks.yaml`). Both heads under eagle2-cpu and "
                        "eagle2-auto, one sweep (the ablation `experiments/ablations/subtask-head.yaml`; on chat "
-                       "prompts: `subtask-head-chat.yaml`, [ablations.md](ablations.md)):",
+                       "prompts: `subtask-head-chat.yaml`, [ablations.md](ablations.md)).",
                        lambda c: c["cell"])
 
 

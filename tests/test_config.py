@@ -192,7 +192,7 @@ def test_non_mapping_sections(tmp_path, text):
     ("drafter: {type: ngram, min_ngram: 3, max_ngram: 2}\n", "min_ngram"),
     ("drafter: {type: ngram, min_ngram: 0}\n", "min_ngram"),
     ("drafter: {type: ngram, branches: 0}\n", "branches"),
-    ("drafter: {type: eagle, head: h, dtype: int8}\n", "drafter.dtype"),
+    ("drafter: {type: eagle, head: h, dtype: int4}\n", "drafter.dtype"),
     ("drafter: {type: warp}\n", r"drafter.type must be one of the registered drafters \(eagle, eagle3, hybrid, lookahead, "
                                  r"medusa, model, ngram, none, self\), got 'warp'"),
     ("tree: {shape: pyramid}\n", r"tree.shape must be one of the registered tree shapes \(auto, chain, dynamic, static\)"),

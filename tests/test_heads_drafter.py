@@ -210,7 +210,10 @@ def test_greedy_eagle_is_lossless(arch, shape, head_kind):
         assert out.tokens == plain_greedy(arch, prompt), (arch, shape, head_kind, n_prompt)
         assert out.stats.new_tokens == N_NEW
         accepted += out.stats.new_tokens - 1 - out.stats.target_forwards
-    if head_kind.startswith("bigram"):  # accepted drafts really happened
+    # accepted drafts really happened; except an auto tree of a bf16 head: auto sizes trees from
+    # measured times, and where bf16 is emulated (no AVX512-BF16) a bf16 level costs more than this
+    # tiny target's verification, so auto rightly drafts nothing
+    if head_kind.startswith("bigram") and not (shape == "auto" and dtype is not None):
         assert accepted >= 5
 
 
