@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cache_dir", "last_level_cache_bytes"]
+__all__ = ["cpu_flags", "native_bf16_cpu", "cache_dir", "last_level_cache_bytes"]
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -14,6 +14,12 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
             return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
         return set()
+
+
+def native_bf16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has native bfloat16 products (AVX512-BF16 or AMX-BF16)."""
+    flags = cpu_flags(cpuinfo)
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache", default: int = 64 << 20) -> int:

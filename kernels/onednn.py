@@ -17,10 +17,9 @@ def onednn_available(cpuinfo: str = "/proc/cpuinfo") -> bool:
     products (AVX512-BF16 or AMX-BF16). Where oneDNN emulates bfloat16 (AVX-512 without BF16) a
     row's sum changes with the row count (the model's shapes at 8-64 rows, measured on a Xeon
     without AVX512-BF16), which a tree step checked against one-token steps cannot have."""
-    from .cpuinfo import cpu_flags
+    from .cpuinfo import native_bf16_cpu
 
-    flags = cpu_flags(cpuinfo)
-    return ("avx512_bf16" in flags or "amx_bf16" in flags) and torch.backends.mkldnn.is_available() \
+    return native_bf16_cpu(cpuinfo) and torch.backends.mkldnn.is_available() \
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

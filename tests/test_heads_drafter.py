@@ -81,10 +81,9 @@ def check_head_cache(dr: EagleDrafter) -> None:
     dr.checked += 1
 
 
-def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
-    """Each drafted node's score is what running the head one pair at a time (no tree, no cache)
-    over the committed pairs and then the node's path gives: the level-wise tree drafting with its
-    cache and tree masks changes nothing."""
+def path_features(dr: EagleDrafter, tree: Tree) -> dict[int, torch.Tensor]:
+    """node -> the feature ``dr.ref_head`` predicts after it, run one pair at a time (no tree, no
+    cache) over the committed pairs and then the node's path."""
     n = dr.cache.get_seq_length()
     text, nxt = torch.tensor(dr.history[:n]), torch.tensor(dr.history[1: n + 1])
     toks = tree.tokens.tolist()
@@ -99,6 +98,16 @@ def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
             m = len(x)
             out = dr.ref_head(f[None], dr.target.embed(x)[None], torch.arange(m)[None], causal_mask(1, m))
             pred[node] = out[0, -1]
+    return pred
+
+
+def check_tree_scores(dr: EagleDrafter, tree: Tree) -> None:
+    """Each drafted node's score is what running the head one pair at a time (no tree, no cache)
+    over the committed pairs and then the node's path gives: the level-wise tree drafting with its
+    cache and tree masks changes nothing."""
+    pred = path_features(dr, tree)
+    toks = tree.tokens.tolist()
+    with torch.no_grad():
         # draft log-probs are a softmax over the draft vocabulary (all of it when there is none)
         dv = dr.head.draft_vocab.tolist()
         lm_w = dr.target.lm_head.weight[dv] if dv else dr.target.lm_head.weight

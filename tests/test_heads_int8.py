@@ -17,8 +17,8 @@ from eagle.draft import TreeShape
 from eagle.heads.drafter import EagleDrafter
 from eagle.heads.int8 import Int8Linear, int8_copy, int8_linear_reference, quantize_rows
 
-from conftest import TINY_VOCAB as V, bigram_head, causal_mask, make_tiny_head_target, random_head
-from test_heads_drafter import STATIC, CheckedDrafter, check_head_cache
+from conftest import TINY_VOCAB as V, bigram_head, make_tiny_head_target, random_head
+from test_heads_drafter import STATIC, CheckedDrafter, check_head_cache, path_features
 
 
 def test_quantize_rows_round_trips_within_half_a_step():
@@ -94,21 +94,12 @@ class CheckedInt8(CheckedDrafter):
 
 def ref_scores(dr, tree) -> torch.Tensor:
     """Each node's cumulative draft log-prob from ``dr.ref_head`` and ``dr.ref_lm``, one pair at a time."""
-    n = dr.cache.get_seq_length()
-    text, nxt = torch.tensor(dr.history[:n]), torch.tensor(dr.history[1: n + 1])
+    pred = path_features(dr, tree)
     toks, par = tree.tokens.tolist(), tree.parents.tolist()
     out = torch.zeros(len(tree))
     with torch.no_grad():
-        feats = dr.target.base(input_ids=text[None]).last_hidden_state[0]  # (n, H)
-        pred = {}  # node -> predicted feature after it
-        for node in range(len(tree)):
-            path = tree.path_to(node)
-            f = torch.cat([feats, torch.stack([pred[a] for a in path[:-1]])]) if node else feats
-            x = torch.cat([nxt, torch.tensor([toks[a] for a in path[1:]], dtype=torch.long)])
-            m = len(x)
-            pred[node] = dr.ref_head(f[None], dr.target.embed(x)[None], torch.arange(m)[None], causal_mask(1, m))[0, -1]
-            if node:
-                out[node] = out[par[node]] + torch.log_softmax(pred[par[node]] @ dr.ref_lm.T, dim=-1)[toks[node]]
+        for node in range(1, len(tree)):
+            out[node] = out[par[node]] + torch.log_softmax(pred[par[node]] @ dr.ref_lm.T, dim=-1)[toks[node]]
     return out
 
 

@@ -62,7 +62,6 @@ def native_bf16(device="cpu", cpuinfo: str = "/proc/cpuinfo") -> bool:
 
     if torch.device(device).type == "cuda":
         return True
-    from eagle_kernels.cpuinfo import cpu_flags
+    from eagle_kernels.cpuinfo import native_bf16_cpu
 
-    flags = cpu_flags(cpuinfo)
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return native_bf16_cpu(cpuinfo)

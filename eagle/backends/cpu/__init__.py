@@ -38,6 +38,14 @@ from .regions import regional_copy
 __all__ = ["CpuBackend", "BACKEND"]
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)  # (T, K) bf16 x (N, K) int8, (N,) scales
+
+
+def _int8_kernel_takes(inner: int) -> bool:
+    """Whether torch's int8 kernel computes products of inner size ``inner`` right: a multiple of 16
+    (others crash or return wrong sums in torch 2.13)."""
+    return _INT8_MM is not None and inner > 0 and inner % 16 == 0
+
+
 _LEVELS_TIMED = 4  # draft_dtype: the products of a catch-up and three tree levels per timed pass
 _RECOMPILE_LIMIT = 256  # graphs of the compiled step's code (one per bucket, layer set and cache capacity)
 # inductor's options for compiled steps: no size, alignment or scalar checks in the graph's Python
@@ -215,8 +223,10 @@ class CpuBackend(Backend):
 
             return run
 
+        mats = [lm] + [w for w, _ in weights]  # every product's weight
+
         def int8_level():
-            qs = [quantize_rows(w) for w in [lm] + [w for w, _ in weights]]  # (q, scale) per product
+            qs = [quantize_rows(w) for w in mats]  # (q, scale) per product
             xs = {k: torch.randn(rows, k) for k in {q.shape[1] for q, _ in qs}}
 
             def run():
@@ -229,7 +239,7 @@ class CpuBackend(Backend):
         ways = {torch.float32: level(torch.float32)}
         if native_bf16(self.device):
             ways[torch.bfloat16] = level(torch.bfloat16)
-        if _INT8_MM is not None and all(w.shape[1] % 16 == 0 for w in [lm] + [w for w, _ in weights]):
+        if all(_int8_kernel_takes(w.shape[1]) for w in mats):
             ways[torch.int8] = int8_level()
         if len(ways) == 1:
             return torch.float32
@@ -242,9 +252,8 @@ class CpuBackend(Backend):
 
     def int8_linear(self, x, q, scale):
         # torch's weight-only int8 kernel (the int8 rows converted in registers); it takes bfloat16
-        # activations (its float32 form is a slow fallback here), so the rounding is bf16's. Its
-        # inner dimension must be a multiple of 16 (others crash or return wrong sums in torch 2.13)
-        if _INT8_MM is None or x.device.type != "cpu" or x.dim() != 2 or not len(x) or x.shape[1] % 16:
+        # activations (its float32 form is a slow fallback here), so the rounding is bf16's
+        if x.device.type != "cpu" or x.dim() != 2 or not len(x) or not _int8_kernel_takes(x.shape[1]):
             return super().int8_linear(x, q, scale)
         return _INT8_MM(x.to(torch.bfloat16).contiguous(), q, scale.to(torch.bfloat16)).to(x.dtype)
 
