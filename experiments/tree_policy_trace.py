@@ -6,7 +6,17 @@ with. Writes a JSON trace and a plot (chosen tree size against step) for docs/tr
         [--prompts FILE --per-category 1 --limit 4] [--max-new-tokens 128] [--out experiments/results/tree_policy_trace]
 
 The first prompt is generated once untimed first (warm-up: compilation and the first calibration),
-then every prompt once, traced.
+then every prompt once, traced. Each step records what the policy expected it to accept (the sum of
+the verified nodes' values) beside what it accepted; ``--table-only`` holds the calibration's recent
+factor at 1 (the pooled band table alone).
+
+``--children``: instead, what predicts the chance that an accepted node's drafted children hold the
+next accepted token (the ``child`` of the policy's depth rule): every step drafts all ``depth``
+levels and verifies the ``total_tokens`` most valuable nodes (the config's bounds as the tree, so
+every depth is tried alike), and that chance is tabled by the node's depth, by its own draft
+probability and by subtask. Writes OUT.children.json.
+
+    python experiments/tree_policy_trace.py --children --subtasks mt_bench,translation,summarization,qa,math_reasoning,rag
 """
 from __future__ import annotations
 
@@ -29,6 +39,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/tree_policy_trace"))
+    ap.add_argument("--table-only", action="store_true",
+                    help="calibrate by the pooled band table alone (the recent factor held at 1)")
+    ap.add_argument("--children", action="store_true",
+                    help="instead: child acceptance by depth, draft probability and subtask, on full trees")
     args = ap.parse_args(argv)
     import eagle
     from eagle.prompts import PromptFileError, encode_conversation, load_questions
@@ -50,11 +64,18 @@ def main(argv=None) -> int:
     model, tok = eagle.load_target(args.target)
     dec = eagle.TreeDecoder.from_config(model, cfg)
     policy = dec.tree_policy
+    if args.children:
+        return children_table(dec, tok, picked, args.max_new_tokens, Path(args.out), cfg.name)
     steps: list[dict] = []
     observe = policy.observe
 
+    if args.table_only:  # the band table alone: the recent factor held at 1
+        policy.calibration.factor = lambda: 1.0
+
     def traced(tree, path, draft_s, verify_s, other_s):
+        grown = policy.last is not None and len(policy.last.q) == len(tree)
         steps.append({"depth": int(tree.depth.max()), "nodes": len(tree), "accepted": len(path) - 1,
+                      "expected": policy.last.expected if grown else 0.0,
                       "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s})
         observe(tree, path, draft_s, verify_s, other_s)
 
@@ -66,8 +87,12 @@ def main(argv=None) -> int:
     for sub, q in picked.items():
         start = len(steps)
         out = dec.generate(encode_conversation(tok, q.turns[:1]), args.max_new_tokens)
-        runs.append({"subtask": sub, "question_id": q.question_id, "steps": [start, len(steps)], "tau": out.stats.tau})
-        print(f"{sub}: tau {out.stats.tau:.2f}, {len(steps) - start} steps", file=sys.stderr)
+        mine = steps[start:]
+        expected, accepted = sum(s["expected"] for s in mine), sum(s["accepted"] for s in mine)
+        runs.append({"subtask": sub, "question_id": q.question_id, "steps": [start, len(steps)], "tau": out.stats.tau,
+                     "accepted_per_step": accepted / max(len(mine), 1), "expected_per_step": expected / max(len(mine), 1)})
+        print(f"{sub}: tau {out.stats.tau:.2f}, {len(mine)} steps, drafted tokens accepted per step "
+              f"{accepted / max(len(mine), 1):.2f} (expected {expected / max(len(mine), 1):.2f})", file=sys.stderr)
     trace = {"config": cfg.name, "command": "python experiments/tree_policy_trace.py " + " ".join(argv or sys.argv[1:]),
              "runs": runs, "steps": steps, "policy": policy.report()}
     out = Path(args.out)
@@ -94,6 +119,57 @@ def main(argv=None) -> int:
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.png')}")
+    return 0
+
+
+def children_table(dec, tok, picked: dict, max_new_tokens: int, out: Path, name: str) -> int:
+    """``--children`` (see the module docstring): one generation per picked subtask on full trees."""
+    import torch
+
+    from eagle.prompts import encode_conversation
+
+    policy = dec.tree_policy
+    # the bounds as the tree: every level drafted, the most valuable total_tokens nodes verified
+    policy.worth_another_level = lambda values, frontier_values, levels: True
+    policy.best_count = lambda values, levels, step_up=False: (min(len(values), policy.max_nodes - 1), 1.0)
+    rows: list[tuple] = []  # (subtask, depth, own draft probability, a child accepted)
+    observe, current = policy.observe, [""]
+
+    def recorded(tree, path, draft_s, verify_s, other_s):
+        q = policy.last.q if policy.last is not None and len(policy.last.q) == len(tree) else None
+        if q is not None:
+            parents, depth = tree.parents.tolist(), tree.depth.tolist()
+            has_kids = set(p for p in parents if p >= 0)
+            for j, node in enumerate(path):
+                if node in has_kids:
+                    rows.append((current[0], depth[node], float(q[node]) if node else 1.0, j + 1 < len(path)))
+        observe(tree, path, draft_s, verify_s, other_s)
+
+    policy.observe = recorded
+    first = next(iter(picked.values()))
+    dec.generate(encode_conversation(tok, first.turns[:1]), max_new_tokens)  # warm-up
+    rows.clear()
+    for sub, q in picked.items():
+        current[0] = sub
+        dec.generate(encode_conversation(tok, q.turns[:1]), max_new_tokens)
+
+    def table(key) -> dict:
+        acc: dict = {}
+        for r in rows:
+            hit, n = acc.get(key(r), (0, 0))
+            acc[key(r)] = (hit + r[3], n + 1)
+        return {str(k): {"rate": h / n, "nodes": n} for k, (h, n) in sorted(acc.items())}
+
+    result = {"config": name,
+              "by_depth": table(lambda r: r[1]),
+              "by_own_q": table(lambda r: "root" if r[1] == 0 else f"{min(int(r[2] * 5), 4) / 5:.1f}-{min(int(r[2] * 5), 4) / 5 + 0.2:.1f}"),
+              "by_subtask": table(lambda r: r[0]), "nodes": len(rows), "threads": torch.get_num_threads()}
+    for name in ("by_depth", "by_own_q", "by_subtask"):
+        print(f"{name}: " + ", ".join(f"{k} {v['rate']:.2f} ({v['nodes']})" for k, v in result[name].items()))
+    path = out.with_suffix(".children.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
     return 0
 
 

@@ -349,8 +349,19 @@ def test_tree_policy_trace_runs_on_a_tiny_target(tiny_target, tmp_path):
     t = json.loads((tmp_path / "trace.json").read_text())
     assert [r["subtask"] for r in t["runs"]] == ["mt_bench", "rag"] and t["runs"][-1]["steps"][1] == len(t["steps"])
     assert all(1 <= s["nodes"] <= 7 for s in t["steps"]) and (tmp_path / "trace.png").is_file()
+    grown = [s for s in t["steps"] if s["nodes"] > 1]
+    assert grown and all(0 < s["expected"] <= s["nodes"] - 1 for s in grown)
+    assert t["runs"][0]["expected_per_step"] == pytest.approx(
+        sum(s["expected"] for s in t["steps"][: t["runs"][0]["steps"][1]]) / t["runs"][0]["steps"][1])
     assert trace.main(["--config", str(ROOT / "experiments/configs/eagle2-cpu.yaml"), "--prompts",
                        str(tmp_path / "q.jsonl")]) == 2  # not an auto tree
+    # --children: full trees; the self drafter's children always hold the next token, at every depth
+    assert trace.main(["--config", str(tmp_path / "self-auto.yaml"), "--prompts", str(tmp_path / "q.jsonl"),
+                       "--subtasks", "mt_bench,rag", "--max-new-tokens", "12", "--target", tiny_target,
+                       "--out", str(tmp_path / "trace"), "--children"]) == 0
+    c = json.loads((tmp_path / "trace.children.json").read_text())
+    assert {"0", "1"} <= set(c["by_depth"]) and set(c["by_subtask"]) == {"mt_bench", "rag"}
+    assert all(v["rate"] == 1.0 for v in c["by_depth"].values()) and c["nodes"] == sum(v["nodes"] for v in c["by_depth"].values())
 
 
 def _fake_clock_arms(durations: dict[str, list[float]], log: list):

@@ -12,20 +12,50 @@ def test_calibration_counts_only_nodes_whose_parent_was_accepted():
     cal = Calibration(bands=4, prior_weight=0.0 + 1e-9)
     # root 0 -> 1 (q .9) -> 3 (q .6); root -> 2 (q .2); node 2 -> 4 (q .8): node 4's parent was rejected
     parents = torch.tensor([-1, 0, 0, 1, 2])
-    depth = torch.tensor([0, 1, 1, 2, 2])
     q = torch.tensor([1.0, 0.9, 0.2, 0.6, 0.8])
-    cal.observe(q, parents, depth, [0, 1])  # 1 accepted, 3 rejected
-    rates = cal.rate(torch.tensor([0.9, 0.2, 0.6, 0.8]))
+    cal.observe(q, parents, [0, 1])  # 1 accepted, 3 rejected
+    rates = (cal.hits / cal.trials)[cal.band(torch.tensor([0.9, 0.2, 0.6, 0.8]))]  # the long-run table
     assert rates.tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0], abs=1e-6)
+    # the recent factor: 1 of the 3 tried nodes accepted where the (prior) table expected 0.875 + 0.125 + 0.625
+    assert cal.factor() == pytest.approx((1 + 2) / (1.625 + 2))
     assert cal.trials[3] == pytest.approx(1.0)  # 0.9 counted once; node 4 (q 0.8, same band) never tried
-    # child acceptance per depth: the root had a child accepted, node 1 (depth 1) had none
-    assert cal.child_hits == [1.0, 0.0] and cal.child_trials == [1.0, 1.0]
+    # child acceptance: the root had a child accepted, node 1 had children but none accepted
+    decay = cal.child_decay
+    assert cal.child_trials == pytest.approx(1 + decay) and cal.child_hits == pytest.approx(decay)
 
 
 def test_calibration_prior_is_the_band_midpoint():
     cal = Calibration(bands=10)
     assert cal.rate(torch.tensor([0.05, 0.55, 0.99])).tolist() == pytest.approx([0.05, 0.55, 0.95])
-    assert cal.child(0) == 0.5 and cal.child(7) == 0.5
+    assert cal.child() == 0.5
+
+
+def test_rates_follow_how_predictable_the_recent_text_is():
+    cal = Calibration(recent_window=16)
+    two = torch.tensor([-1, 0, 0])  # the root with two drafted children
+    q = torch.tensor([1.0, 0.55, 0.35])  # table (prior): 0.55 and 0.35
+    assert cal.rate(q[1:]).tolist() == pytest.approx([0.55, 0.35])
+    for _ in range(100):  # predictable text: the better child always accepted
+        cal.observe(q, two, [0, 1])
+    easy = cal.rate(torch.tensor([0.55, 0.35, 0.95]))
+    table = (cal.hits / cal.trials)[cal.band(torch.tensor([0.55, 0.35]))]
+    assert (easy[:2] > table).all() and easy[2] <= 1.0
+    for _ in range(100):  # then text the draft misses: below the table
+        cal.observe(q, two, [0])
+    hard = cal.rate(torch.tensor([0.55, 0.35]))
+    assert (hard < 0.5 * (cal.hits / cal.trials)[cal.band(torch.tensor([0.55, 0.35]))]).all()
+
+
+def test_child_acceptance_follows_the_recent_steps():
+    cal = Calibration(child_window=8)
+    chain = torch.tensor([-1, 0, 1])  # root -> 1 -> 2
+    q = torch.ones(3)
+    for _ in range(200):  # predictable text: the child is always accepted
+        cal.observe(q, chain, [0, 1, 2])
+    assert cal.child() > 0.85  # the prior (0.5, weight 2) against ~8 recent observations
+    for _ in range(40):  # then text the draft misses: the estimate follows within a few windows
+        cal.observe(q, chain, [0])
+    assert cal.child() < 0.15
 
 
 def test_step_costs_buckets_and_optimism_about_unmeasured_levels():
@@ -50,6 +80,21 @@ def test_verify_costs_follow_the_steps_in_every_bucket():
     for _ in range(40):  # the machine got 2x slower: the 4-node steps show it, the 8-node estimate follows
         c.add_verify(4, 0.022)
     assert c.verify_s(8) == pytest.approx(0.030) and c.verify_s(1) == pytest.approx(0.020)
+
+
+def test_a_buckets_own_steps_count_while_they_are_recent():
+    c = StepCosts([1, 4, 8])
+    c.set_verify({1: 0.010, 4: 0.011, 8: 0.015})
+    for _ in range(5):  # the 8-node steps run slower than measured at start (a slow spell, say)
+        c.add_verify(8, 0.040)
+    assert c.verify_s(8) == pytest.approx(0.040)
+    for _ in range(StepCosts.STALE):  # then only 4-node steps, at the measured speed
+        c.add_verify(4, 0.011)
+    assert c.verify_s(4) == pytest.approx(0.011)
+    assert c.verify_s(8) == pytest.approx(0.015)  # its own times are stale: the measurement x the scale
+    c.set_verify({1: 0.010, 4: 0.012, 8: 0.016}, capacity=512)  # another cache capacity: its own costs
+    assert c.verify_s(4) == pytest.approx(0.012) and c.use_capacity(256) is False
+    assert c.use_capacity(None) and c.verify_s(4) == pytest.approx(0.011)  # back: the first capacity's own
 
 
 def _policy(verify: dict, level: float = 0.002, overhead: float = 0.001, max_nodes: int = 16) -> AutoTreePolicy:
@@ -77,10 +122,10 @@ def test_best_count_fills_a_flat_bucket_and_stops_where_the_next_one_does_not_pa
 def test_another_level_only_when_its_expected_gain_pays_for_it():
     vals = torch.tensor([0.9, 0.05], dtype=torch.float64)
     front = torch.tensor([0.9, 0.05], dtype=torch.float64)
-    assert _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.001).worth_another_level(vals, front, 1, 1)
-    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.05).worth_another_level(vals, front, 1, 1)
+    assert _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.001).worth_another_level(vals, front, 1)
+    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.05).worth_another_level(vals, front, 1)
     weak = torch.tensor([0.01, 0.01], dtype=torch.float64)
-    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.004).worth_another_level(weak, weak, 1, 1)
+    assert not _policy({1: 0.02, 4: 0.02, 8: 0.02, 16: 0.02}, level=0.004).worth_another_level(weak, weak, 1)
 
 
 def _bigram_expand(table: torch.Tensor):
@@ -161,7 +206,7 @@ def test_self_drafter_auto_is_lossless_and_keeps_its_policy_across_generations(l
         assert dec.tree_policy is policy
         assert sum(out.stats.depth_hist) == out.stats.target_forwards == sum(out.stats.nodes_hist)
     # the oracle drafter is always right: the calibration learns it and the trees grow deep
-    assert out.stats.tau > 2.5 and policy.calibration.child(0) > 0.8
+    assert out.stats.tau > 2.5 and policy.calibration.child() > 0.8
     assert set(policy.costs.shape) == {1, 4, 8} and all(policy.costs.verify_s(b) > 0 for b in (1, 4, 8))
     assert policy.report()["costs"]["verify_ms"][8] > 0
 

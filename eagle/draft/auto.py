@@ -7,23 +7,29 @@ Objective: expected tokens per second of the step about to run,
 * a node's *value* is the chance that the verifier accepts it: the product, along its root path,
   of the calibrated acceptance of each edge, where an edge's draft probability q (the drafter's
   softmax of the child under its parent) is mapped to the acceptance actually observed for drafted
-  nodes of that confidence band whose parent was accepted (:class:`Calibration`). Siblings exclude
+  nodes of that confidence band whose parent was accepted, scaled by how the recent steps' acceptance
+  compares with that table (the text at hand is easier or harder than the average; :class:`Calibration`). Siblings exclude
   each other and a node needs its parent, so 1 + the sum of the values is the expected number of
   tokens a step emits;
-* ``verify(b) = scale * shape(b)``: ``shape(b)``, a ``b``-node bucket's verification forward relative
-  to the others, measured with the buckets interleaved (eagle/costs.py, once per cache capacity, on
-  the decoder's own cache); ``scale``, the seconds of the steps that actually ran, each divided by its
-  bucket's ``shape`` (so every bucket's estimate follows what the steps take now, also the buckets the
-  policy seldom picks); ``draft(levels)``: the measured seconds of each drafted level; ``overhead``: the rest
-  of a step (the drafter's catch-up, bookkeeping), measured.
+* ``verify(b)``: what the last steps that verified a ``b``-node bucket took (their median), once
+  there are a few; before that ``scale * shape(b)``: ``shape(b)``, a ``b``-node bucket's verification
+  forward relative to the others, measured with the buckets interleaved (eagle/costs.py, once per cache
+  capacity, on the decoder's own cache), and ``scale``, the seconds of the steps that actually ran, each
+  divided by its bucket's ``shape``. Inside decoding the buckets' costs differ from that start-up
+  measurement (the drafter runs between two verifications and the target's weights come back from
+  memory: on a 2-core Xeon a 4-node and an 8-node verification cost the same in the loop, 3 ms apart
+  back to back), so the steps' own times are what counts; ``draft(levels)``: the measured seconds of
+  each drafted level; ``overhead``: the rest of a step (the drafter's catch-up, bookkeeping), measured.
 
 Growing: level by level like EAGLE-2 (the ``top_k`` most valuable frontier nodes expanded with
 their ``top_k`` best children each), at most ``depth`` levels. After each level it asks whether the
 next one is worth its time: the next level can add at most ``a * value(f)`` for each frontier node
-``f`` (``a``: the measured chance that an accepted node's best children hold the next accepted
-token at that depth); drafting stops when even that gain does not raise the best rate. Then it
+``f`` (``a``: the chance, measured over the recent steps, that an accepted node's drafted children
+hold the next accepted token); drafting stops when even that gain does not raise the best rate. Then it
 verifies the best ``n`` nodes, with ``n`` the count (at most ``total_tokens``) that maximises the
 rate, which is always a bucket boundary or everything drafted. ``n = 0`` (a plain step) is allowed.
+Every ``EXPLORE``-th step drafts one level more than the rate asks for, and every other one verifies
+the next bucket up: so the costs and acceptance of the choices not taken stay measured.
 
 Exactness does not depend on any of this: the tree is chosen before the target sees it, and the
 verifier is exact for every tree (greedy: identical to plain decoding; sampling: the target's
@@ -48,51 +54,70 @@ class Calibration:
     """Acceptance per draft-probability band: ``rate(q)`` is the share of drafted nodes with edge
     probability ``q`` in that band that were accepted, counting only nodes whose parent was
     accepted (the others were never tried). Starts from a prior of ``prior_weight`` pseudo-trials
-    at the band's mid-point (a perfectly calibrated draft). Per depth it also keeps ``child(d)``:
-    how often an accepted node at depth ``d`` with drafted children had one of them accepted."""
+    at the band's mid-point (a perfectly calibrated draft).
 
-    def __init__(self, bands: int = 10, prior_weight: float = 4.0, prior_child: float = 0.5):
+    The band table is pooled over everything decoded; how predictable the text at hand is moves
+    acceptance at every band alike (on a 2-core Xeon's Spec-Bench first turns the pooled table
+    predicted 1.00x the accepted tokens on MT-bench answers, but 1.34x fewer on a math answer and
+    1.12x more on a summary). So ``rate`` scales the table by ``factor()``: the accepted tried nodes
+    over what the table expected of them, over the recent steps (each observation's weight decays
+    by ``1 - 1/recent_window`` per later one; prior: 2 nodes at 1.0).
+
+    It also keeps ``child()``: how often an accepted node with drafted children had one of them
+    accepted, over the recent steps (decaying by ``1 - 1/child_window``). That chance hardly depends
+    on the depth or on the node's own draft probability, but it moves with the text: on the same
+    first turns, 0.90 for math reasoning, 0.40 for summarization, 0.65 for MT-bench, whatever the
+    depth (0.58-0.78 for depths 0-5)."""
+
+    def __init__(self, bands: int = 10, prior_weight: float = 4.0, prior_child: float = 0.5,
+                 child_window: float = 32.0, recent_window: float = 64.0):
         self.bands = bands
         mid = (torch.arange(bands, dtype=torch.float64) + 0.5) / bands
         self.hits = mid * prior_weight  # (bands,)
         self.trials = torch.full((bands,), prior_weight, dtype=torch.float64)
         self.prior_child = prior_child
-        self.child_hits: list[float] = []
-        self.child_trials: list[float] = []
+        self.child_decay = 1.0 - 1.0 / child_window
+        self.child_hits = 0.0  # recency-weighted counts
+        self.child_trials = 0.0
+        self.recent_decay = 1.0 - 1.0 / recent_window
+        self.recent_hits = 0.0  # recency-weighted: accepted tried nodes, and the table's expectation of them
+        self.recent_expected = 0.0
 
     def band(self, q: torch.Tensor) -> torch.Tensor:
         return (q.double() * self.bands).long().clamp_(0, self.bands - 1)
 
+    def factor(self) -> float:
+        """How the recent steps' acceptance compares with the band table's (1.0: as the table says)."""
+        return (self.recent_hits + 2.0) / (self.recent_expected + 2.0)
+
     def rate(self, q: torch.Tensor) -> torch.Tensor:
-        """Calibrated acceptance of edges with draft probabilities ``q`` (any shape), float64."""
-        return (self.hits / self.trials)[self.band(q)]
+        """Calibrated acceptance of edges with draft probabilities ``q`` (any shape), float64: the
+        band's long-run rate x :meth:`factor`, at most 1."""
+        return ((self.hits / self.trials)[self.band(q)] * self.factor()).clamp_(max=1.0)
 
-    def child(self, d: int) -> float:
-        """Chance that an accepted node at depth ``d`` has an accepted child among its drafted ones
-        (prior ``prior_child`` with weight 2)."""
-        h = self.child_hits[d] if d < len(self.child_hits) else 0.0
-        t = self.child_trials[d] if d < len(self.child_trials) else 0.0
-        return (h + 2 * self.prior_child) / (t + 2)
+    def child(self) -> float:
+        """Chance that an accepted node with drafted children has one of them accepted, over the
+        recent steps (prior ``prior_child`` with weight 2)."""
+        return (self.child_hits + 2 * self.prior_child) / (self.child_trials + 2)
 
-    def observe(self, q: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, path: list[int]) -> None:
-        """One verified tree: ``q (T,)`` edge probabilities (the root's unused), ``parents``,
-        ``depth``, and the accepted ``path`` (node indices from the root)."""
+    def observe(self, q: torch.Tensor, parents: torch.Tensor, path: list[int]) -> None:
+        """One verified tree: ``q (T,)`` edge probabilities (the root's unused), ``parents`` and the
+        accepted ``path`` (node indices from the root)."""
         on_path = torch.zeros(len(parents), dtype=torch.bool)
         on_path[path] = True
         tried = on_path[parents.clamp(min=0)] & (parents >= 0)  # (T,) the parent was accepted
         b = self.band(q[tried])
+        keep = self.recent_decay ** len(b)  # this step's nodes count as the newest
+        self.recent_expected = keep * self.recent_expected + float((self.hits / self.trials)[b].sum())
+        self.recent_hits = keep * self.recent_hits + float(on_path[tried].sum())
         self.trials.index_add_(0, b, torch.ones(len(b), dtype=torch.float64))
         self.hits.index_add_(0, b, on_path[tried].double())
         has_kids = torch.zeros(len(parents), dtype=torch.bool)
         has_kids[parents[parents >= 0]] = True
         for node in path:
             if has_kids[node]:
-                d = int(depth[node])
-                while len(self.child_trials) <= d:
-                    self.child_trials.append(0.0)
-                    self.child_hits.append(0.0)
-                self.child_trials[d] += 1
-                self.child_hits[d] += node != path[-1]
+                self.child_trials = self.child_decay * self.child_trials + 1
+                self.child_hits = self.child_decay * self.child_hits + (node != path[-1])
 
     def table(self) -> list[dict]:
         """Per band: its range, the acceptance used now and the trials observed (prior excluded)."""
@@ -102,55 +127,92 @@ class Calibration:
 
 class _Recent:
     """The median of the last ``window`` values: a machine's odd slow call (a page fault, the other
-    core busy) moves it no more than one value in a window does."""
+    core busy) moves it no more than one value in a window does. The median is kept, not recomputed
+    on each read (the objective reads it several times per drafted level)."""
 
     def __init__(self, window: int = 15, skip: int = 0):
         self.window, self.values, self.skip = window, [], skip  # skip: first calls not counted (warm-up)
-
-    @property
-    def value(self) -> float | None:
-        return statistics.median(self.values) if self.values else None
+        self.value: float | None = None
 
     def add(self, x: float) -> None:
         if self.skip:
             self.skip -= 1
             return
         self.values = self.values[-(self.window - 1):] + [x]
+        self.value = statistics.median(self.values)
 
     def reset(self, values: list[float]) -> None:
         self.values = list(values)[-self.window:]
+        self.value = statistics.median(self.values) if self.values else None
+
+
+class _VerifyCosts:
+    """A verification forward's seconds per bucket on one cache capacity (one set of compiled
+    forwards): ``shape`` (relative costs measured at start), ``scale`` (seconds per unit of shape,
+    from that measurement and every step) and each bucket's own recent steps."""
+
+    def __init__(self, buckets: list[int], seconds: dict[int, float] | None = None):
+        first = seconds[buckets[0]] if seconds else None
+        self.shape = {b: seconds[b] / first if seconds else 1.0 for b in buckets}  # bucket -> relative cost
+        self.scale = _Recent(window=31)
+        if first is not None:
+            self.scale.reset([first])
+        self.steps: dict[int, _Recent] = {b: _Recent() for b in buckets}  # bucket -> its steps' seconds
+        self.count = 0  # steps verified on this capacity
+        self.last: dict[int, int] = {b: 0 for b in buckets}  # bucket -> the count at its latest step
 
 
 class StepCosts:
     """Seconds of the parts of a step on this machine and backend: a verification forward per
-    bucket (its relative cost measured at start, times the scale the recent steps show), each drafted
-    level, and the rest of a step (medians of recent steps)."""
+    bucket (the median of its recent steps once it has ``SURE`` of them; before that its relative
+    cost measured at start times the scale all recent steps show; both per cache capacity), each
+    drafted level, and the rest of a step (medians of recent steps)."""
 
     SURE = 3
+    STALE = 64  # a bucket's own steps count while one of them is among the last STALE steps
 
     def __init__(self, buckets: list[int]):
         self.buckets = list(buckets)
-        self.shape: dict[int, float] = {b: 1.0 for b in self.buckets}  # bucket -> relative verify cost
-        self.scale = _Recent(window=31)  # seconds per unit of shape, from measurements and steps
+        self.by_capacity: dict = {}  # cache capacity (None: a dynamic cache) -> its measured costs
+        self.verify = _VerifyCosts(self.buckets)  # the capacity in use (unmeasured until set_verify)
         self.levels: list[_Recent] = []
         self.overhead = _Recent()
+
+    @property
+    def shape(self) -> dict[int, float]:
+        return self.verify.shape
 
     def bucket(self, n: int) -> int:
         return next((b for b in self.buckets if b >= n), self.buckets[-1])
 
     def verify_s(self, n: int) -> float:
-        """Seconds to verify ``n`` nodes (root included): their bucket's relative cost x the scale."""
-        return (self.scale.value or 0.0) * self.shape[self.bucket(n)]
+        """Seconds to verify ``n`` nodes (root included): what their bucket's recent steps took, or,
+        with fewer than ``SURE`` of them or none among the last ``STALE`` steps (a slow spell's
+        times would otherwise stay with a bucket the policy stopped picking because of them), the
+        bucket's relative cost x the scale."""
+        b, v = self.bucket(n), self.verify
+        if len(v.steps[b].values) >= self.SURE and v.count - v.last[b] < self.STALE:
+            return v.steps[b].value
+        return (v.scale.value or 0.0) * v.shape[b]
 
-    def set_verify(self, seconds: dict[int, float]) -> None:
-        """A measurement of every bucket (interleaved): their relative costs, and the scale."""
-        first = seconds[self.buckets[0]]
-        self.shape = {b: seconds[b] / first for b in self.buckets}
-        self.scale.reset([first])
+    def set_verify(self, seconds: dict[int, float], capacity=None) -> None:
+        """A measurement of every bucket (interleaved) on the cache ``capacity`` now in use."""
+        self.verify = self.by_capacity[capacity] = _VerifyCosts(self.buckets, seconds)
+
+    def use_capacity(self, capacity) -> bool:
+        """Switch to the costs of cache ``capacity``; False if it was never measured."""
+        if capacity not in self.by_capacity:
+            return False
+        self.verify = self.by_capacity[capacity]
+        return True
 
     def add_verify(self, n: int, seconds: float) -> None:
         """A step verified ``n`` nodes in ``seconds``."""
-        self.scale.add(seconds / self.shape[self.bucket(n)])
+        b, v = self.bucket(n), self.verify
+        v.scale.add(seconds / v.shape[b])
+        v.steps[b].add(seconds)
+        v.count += 1
+        v.last[b] = v.count
 
     def level_s(self, d: int) -> float:
         """Seconds of drafted level ``d`` (0-based). A level with fewer than ``SURE`` measurements
@@ -184,6 +246,7 @@ class _Proposal:
 
     q: torch.Tensor  # (T,) edge draft probabilities of the verified nodes
     levels_s: float  # seconds of the drafted levels
+    expected: float  # the drafted tokens the verification is expected to accept (sum of the values)
 
 
 class AutoTreePolicy:
@@ -203,7 +266,6 @@ class AutoTreePolicy:
         self.max_nodes, self.repeats = max_nodes, repeats
         self.costs = StepCosts(self.buckets)
         self.calibration = Calibration()
-        self.measured: set = set()  # cache capacities whose forwards were measured (and compiled)
         self.last: _Proposal | None = None
         self.steps = 0
 
@@ -213,13 +275,12 @@ class AutoTreePolicy:
         capacity: on a compiled path another capacity is another graph, compiled here, not inside a
         later step)."""
         key = getattr(cache, "capacity", None)
-        if key in self.measured:
+        if self.costs.use_capacity(key):
             return
         from ..costs import verify_costs
 
         costs, _ = verify_costs(target, cache, self.buckets, self.repeats, layers)
-        self.costs.set_verify(costs)
-        self.measured.add(key)
+        self.costs.set_verify(costs, key)
 
     def observe(self, tree: Tree, path: list[int], draft_s: float, verify_s: float, other_s: float) -> None:
         """One finished step: its verified ``tree``, the accepted ``path`` and its timings."""
@@ -227,33 +288,35 @@ class AutoTreePolicy:
         if self.last is None or len(self.last.q) != len(tree):  # a step the grower did not make
             return
         self.costs.overhead.add(max(draft_s - self.last.levels_s, 0.0) + other_s)
-        self.calibration.observe(self.last.q, tree.parents.cpu(), tree.depth.cpu(), path)
+        self.calibration.observe(self.last.q, tree.parents.cpu(), path)
         self.last = None
 
     # ---- the objective ------------------------------------------------------------------------
-    def best_count(self, values: torch.Tensor, levels: int) -> tuple[int, float]:
+    def best_count(self, values: torch.Tensor, levels: int, step_up: bool = False) -> tuple[int, float]:
         """``(n, rate)``: how many of the nodes with ``values`` (sorted descending) to verify after
-        ``levels`` drafted levels, and the expected tokens per second of that step."""
+        ``levels`` drafted levels, and the expected tokens per second of that step. ``step_up``: the
+        next larger candidate count instead of the best (where there is one), to measure its bucket."""
         N = min(len(values), self.max_nodes - 1)
         gain = [0.0] + values[:N].cumsum(0).tolist()  # [n] = expected accepted tokens of the n best
         fixed = (self.costs.overhead.value or 0.0) + self.costs.draft_s(levels)
-        best, best_rate = 0, 0.0
         # a bucket costs the same for any n in it and values are positive: only the largest n of each
         # bucket can be best
-        for n in sorted({0} | {min(b - 1, N) for b in self.costs.buckets}):
+        counts = sorted({0} | {min(b - 1, N) for b in self.costs.buckets})
+        rates = []
+        for n in counts:
             t = fixed + self.costs.verify_s(n + 1)
-            rate = (1 + gain[n]) / t if t > 0 else 1 + gain[n]
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return best, best_rate
+            rates.append((1 + gain[n]) / t if t > 0 else 1 + gain[n])
+        i = max(range(len(counts)), key=lambda j: (rates[j], -j))  # the best; ties: the fewer nodes
+        if step_up and i + 1 < len(counts):
+            i += 1
+        return counts[i], rates[i]
 
-    def worth_another_level(self, values: torch.Tensor, frontier_values: torch.Tensor, levels: int,
-                            depth: int) -> bool:
+    def worth_another_level(self, values: torch.Tensor, frontier_values: torch.Tensor, levels: int) -> bool:
         """Whether drafting level ``levels + 1`` can pay: the best rate with the nodes so far
-        against the best rate with, in addition, the most the next level can add (``child(depth)``
-        of each frontier node's value) at one more level's cost."""
+        against the best rate with, in addition, the most the next level can add (``child()`` of
+        each frontier node's value) at one more level's cost."""
         _, now = self.best_count(values.sort(descending=True).values, levels)
-        extra = frontier_values * self.calibration.child(depth)
+        extra = frontier_values * self.calibration.child()
         _, then = self.best_count(torch.cat([values, extra]).sort(descending=True).values, levels + 1)
         return then > now
 
@@ -269,6 +332,7 @@ class AutoTreePolicy:
         levels: list[float] = []
         self.steps += 1
         explore = self.steps % self.EXPLORE == 0  # keeps the deeper levels' costs and acceptance measured
+        step_up = self.steps % self.EXPLORE == self.EXPLORE // 2  # keeps the larger buckets' costs measured
         for d in range(depth):
             t0 = time.perf_counter()
             logits = expand(Tree(tokens, parents), frontier.tolist())  # (F, V)
@@ -281,21 +345,21 @@ class AutoTreePolicy:
             if d + 1 == depth:
                 break
             frontier = (n0 + torch.sort(-new_value, stable=True).indices[:top_k]).sort().values
-            if not self.worth_another_level(value[1:], value[frontier], len(levels), d + 1):
+            if not self.worth_another_level(value[1:], value[frontier], len(levels)):
                 if not explore:
                     break
                 explore = False
         self.costs.add_levels(levels)
-        n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels))
+        n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels), step_up)
         # best n by value; ties towards the earlier (shallower) node, closed under ancestors
         keep = select_dynamic(value.log().float(), parents, n)
-        self.last = _Proposal(q[keep], sum(levels))
+        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()))
         return Tree(tokens, parents, None, scores).select(keep)
 
     def report(self) -> dict:
         """The costs and calibration in use now (for ``eagle generate -v`` and the bench JSON)."""
         return {"costs": self.costs.as_dict(), "calibration": self.calibration.table(),
-                "child_acceptance": [self.calibration.child(d) for d in range(max(len(self.calibration.child_trials), 1))]}
+                "child_acceptance": self.calibration.child(), "recent_factor": self.calibration.factor()}
 
 
 @register_tree_shape("auto")
