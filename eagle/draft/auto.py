@@ -15,10 +15,9 @@ Objective: expected tokens per second of the step about to run,
   there are a few; before that ``scale * shape(b)``: ``shape(b)``, a ``b``-node bucket's verification
   forward relative to the others, measured with the buckets interleaved (eagle/costs.py, once per cache
   capacity, on the decoder's own cache), and ``scale``, the seconds of the steps that actually ran, each
-  divided by its bucket's ``shape``. Inside decoding the buckets' costs differ from that start-up
-  measurement (the drafter runs between two verifications and the target's weights come back from
-  memory: on a 2-core Xeon a 4-node and an 8-node verification cost the same in the loop, 3 ms apart
-  back to back), so the steps' own times are what counts; ``draft(levels)``: the measured seconds of
+  divided by its bucket's ``shape``. Inside decoding the buckets cost otherwise than in that
+  back-to-back measurement (the drafter runs between two verifications and the target's weights come
+  back from memory), so the steps' own times are what counts; ``draft(levels)``: the measured seconds of
   each drafted level; ``overhead``: the rest of a step (the drafter's catch-up, bookkeeping), measured.
 
 Growing: level by level like EAGLE-2 (the ``top_k`` most valuable frontier nodes expanded with
@@ -58,16 +57,16 @@ class Calibration:
 
     The band table is pooled over everything decoded; how predictable the text at hand is moves
     acceptance at every band alike (on a 2-core Xeon's Spec-Bench first turns the pooled table
-    predicted 1.00x the accepted tokens on MT-bench answers, but 1.34x fewer on a math answer and
-    1.12x more on a summary). So ``rate`` scales the table by ``factor()``: the accepted tried nodes
+    expected 20-30% too few accepted tokens on math, QA and translation answers; docs/tree-policy.md).
+    So ``rate`` scales the table by ``factor()``: the accepted tried nodes
     over what the table expected of them, over the recent steps (each observation's weight decays
     by ``1 - 1/recent_window`` per later one; prior: 2 nodes at 1.0).
 
     It also keeps ``child()``: how often an accepted node with drafted children had one of them
     accepted, over the recent steps (decaying by ``1 - 1/child_window``). That chance hardly depends
     on the depth or on the node's own draft probability, but it moves with the text: on the same
-    first turns, 0.90 for math reasoning, 0.40 for summarization, 0.65 for MT-bench, whatever the
-    depth (0.58-0.78 for depths 0-5)."""
+    first turns, 0.91 for math reasoning, 0.40 for summarization, 0.55 for MT-bench, and 0.59-0.71
+    at depths 0-3 over all of them."""
 
     def __init__(self, bands: int = 10, prior_weight: float = 4.0, prior_child: float = 0.5,
                  child_window: float = 32.0, recent_window: float = 64.0):
