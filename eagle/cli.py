@@ -269,7 +269,8 @@ def format_trees(stats, policy=None) -> str:
                      + " | draft ms per level " + " ".join(fmt(v) for v in c["level_ms"])
                      + f" | other ms {fmt(c['overhead_ms'])}")
         lines.append("  acceptance by draft probability: " + ", ".join(
-            f"{b['q'][0]:.1f}-{b['q'][1]:.1f} {b['rate']:.2f}" for b in rep["calibration"]))
+            f"{b['q'][0]:.1f}-{b['q'][1]:.1f} {b['rate']:.2f}" for b in rep["calibration"])
+            + f" | x recent factor {rep['recent_factor']:.2f} | children accepted {rep['child_acceptance']:.2f}")
     return "\n".join(lines)
 
 

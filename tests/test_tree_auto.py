@@ -259,3 +259,4 @@ def test_generate_verbose_shows_the_chosen_trees_and_the_policy(tiny_target, tmp
     assert code == 0, err
     assert "tree depth (levels drafted): steps" in out and "tree nodes (root included):  steps" in out
     assert "auto tree policy: verify ms per bucket 1: " in out and "acceptance by draft probability: 0.0-0.1" in out
+    assert "| x recent factor " in out and "| children accepted " in out
