@@ -73,9 +73,9 @@ def main(argv=None) -> int:
         policy.calibration.factor = lambda: 1.0
 
     def traced(tree, path, draft_s, verify_s, other_s):
-        grown = policy.last is not None and len(policy.last.q) == len(tree)
+        made = policy.grown(tree)
         steps.append({"depth": int(tree.depth.max()), "nodes": len(tree), "accepted": len(path) - 1,
-                      "expected": policy.last.expected if grown else 0.0,
+                      "expected": made.expected if made is not None else 0.0,
                       "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s})
         observe(tree, path, draft_s, verify_s, other_s)
 
@@ -88,11 +88,11 @@ def main(argv=None) -> int:
         start = len(steps)
         out = dec.generate(encode_conversation(tok, q.turns[:1]), args.max_new_tokens)
         mine = steps[start:]
-        expected, accepted = sum(s["expected"] for s in mine), sum(s["accepted"] for s in mine)
+        per_step = {key: sum(s[key] for s in mine) / max(len(mine), 1) for key in ("accepted", "expected")}
         runs.append({"subtask": sub, "question_id": q.question_id, "steps": [start, len(steps)], "tau": out.stats.tau,
-                     "accepted_per_step": accepted / max(len(mine), 1), "expected_per_step": expected / max(len(mine), 1)})
+                     "accepted_per_step": per_step["accepted"], "expected_per_step": per_step["expected"]})
         print(f"{sub}: tau {out.stats.tau:.2f}, {len(mine)} steps, drafted tokens accepted per step "
-              f"{accepted / max(len(mine), 1):.2f} (expected {expected / max(len(mine), 1):.2f})", file=sys.stderr)
+              f"{per_step['accepted']:.2f} (expected {per_step['expected']:.2f})", file=sys.stderr)
     trace = {"config": cfg.name, "command": "python experiments/tree_policy_trace.py " + " ".join(argv or sys.argv[1:]),
              "runs": runs, "steps": steps, "policy": policy.report()}
     out = Path(args.out)
@@ -122,6 +122,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def _fifth(q: float) -> str:
+    """The fifth of [0, 1] that ``q`` falls in, e.g. ``"0.4-0.6"``."""
+    lo = min(int(q * 5), 4) / 5
+    return f"{lo:.1f}-{lo + 0.2:.1f}"
+
+
 def children_table(dec, tok, picked: dict, max_new_tokens: int, out: Path, name: str) -> int:
     """``--children`` (see the module docstring): one generation per picked subtask on full trees."""
     import torch
@@ -136,13 +142,13 @@ def children_table(dec, tok, picked: dict, max_new_tokens: int, out: Path, name:
     observe, current = policy.observe, [""]
 
     def recorded(tree, path, draft_s, verify_s, other_s):
-        q = policy.last.q if policy.last is not None and len(policy.last.q) == len(tree) else None
-        if q is not None:
+        made = policy.grown(tree)
+        if made is not None:
             parents, depth = tree.parents.tolist(), tree.depth.tolist()
             has_kids = set(p for p in parents if p >= 0)
             for j, node in enumerate(path):
                 if node in has_kids:
-                    rows.append((current[0], depth[node], float(q[node]) if node else 1.0, j + 1 < len(path)))
+                    rows.append((current[0], depth[node], float(made.q[node]) if node else 1.0, j + 1 < len(path)))
         observe(tree, path, draft_s, verify_s, other_s)
 
     policy.observe = recorded
@@ -162,7 +168,7 @@ def children_table(dec, tok, picked: dict, max_new_tokens: int, out: Path, name:
 
     result = {"config": name,
               "by_depth": table(lambda r: r[1]),
-              "by_own_q": table(lambda r: "root" if r[1] == 0 else f"{min(int(r[2] * 5), 4) / 5:.1f}-{min(int(r[2] * 5), 4) / 5 + 0.2:.1f}"),
+              "by_own_q": table(lambda r: "root" if r[1] == 0 else _fifth(r[2])),
               "by_subtask": table(lambda r: r[0]), "nodes": len(rows), "threads": torch.get_num_threads()}
     for name in ("by_depth", "by_own_q", "by_subtask"):
         print(f"{name}: " + ", ".join(f"{k} {v['rate']:.2f} ({v['nodes']})" for k, v in result[name].items()))

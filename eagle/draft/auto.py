@@ -281,13 +281,18 @@ class AutoTreePolicy:
         costs, _ = verify_costs(target, cache, self.buckets, self.repeats, layers)
         self.costs.set_verify(costs, key)
 
+    def grown(self, tree: Tree) -> _Proposal | None:
+        """What the grower made ``tree`` of, or None for a step the grower did not make."""
+        return self.last if self.last is not None and len(self.last.q) == len(tree) else None
+
     def observe(self, tree: Tree, path: list[int], draft_s: float, verify_s: float, other_s: float) -> None:
         """One finished step: its verified ``tree``, the accepted ``path`` and its timings."""
         self.costs.add_verify(len(tree), verify_s)
-        if self.last is None or len(self.last.q) != len(tree):  # a step the grower did not make
+        made = self.grown(tree)
+        if made is None:
             return
-        self.costs.overhead.add(max(draft_s - self.last.levels_s, 0.0) + other_s)
-        self.calibration.observe(self.last.q, tree.parents.cpu(), path)
+        self.costs.overhead.add(max(draft_s - made.levels_s, 0.0) + other_s)
+        self.calibration.observe(made.q, tree.parents.cpu(), path)
         self.last = None
 
     # ---- the objective ------------------------------------------------------------------------
