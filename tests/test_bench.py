@@ -124,3 +124,23 @@ def test_the_warm_up_meets_every_cache_capacity_the_prompts_need(tiny_model, mon
         assert short.tokens == dec.generate(ids, 4).tokens  # the room changes shapes, never tokens
     assert [dec.target.cache_capacity(n) for n in seen[::2]] == [256, 512]
     assert [dec.target.cache_capacity(n) for n in seen[1::2]] == [256, 256]  # without it: the short run's own
+
+
+def test_timed_runs_leave_the_live_objects_out_of_garbage_collection(tiny_target, tmp_path, capsys, monkeypatch):
+    """A full collection walks every live object (seconds with many configs' compiled graphs), so
+    the bench sets aside what lives after the warm-ups for its timed runs, and only for them."""
+    import gc
+
+    from eagle.decoder import TreeDecoder
+
+    frozen = []
+    generate = TreeDecoder.generate
+    monkeypatch.setattr(TreeDecoder, "generate", lambda self, *a, **kw: frozen.append(gc.get_freeze_count()) or
+                        generate(self, *a, **kw))
+    prompts = write_prompt_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "Say hello."})])
+    code, _, err = run_cli(["bench", "--prompts", prompts, "--config", str(ROOT / "experiments/configs/ngram.yaml"),
+                            "--max-new-tokens", "6", "--target", tiny_target, "--json", str(tmp_path / "o.json")], capsys)
+    assert code == 0, err
+    warm, timed = frozen[:-2], frozen[-2:]  # plain and ngram: one timed run each, after the warm-ups
+    assert warm and all(n == 0 for n in warm) and all(n > 0 for n in timed)
+    assert gc.get_freeze_count() == 0
