@@ -50,7 +50,7 @@ bench: setup
 SPEC_BENCH ?= ../shared/data/spec-bench/question.jsonl
 SPEC_PER_CATEGORY ?= 1
 SPEC_CONFIGS := plain-compiled plain plain-dynamic-cache plain-bf16 eagle2-cpu eagle2-auto eagle2-cpu-bf16 \
-	eagle2-dynamic eagle2-dynamic-bf16 eagle1-static eagle3-cpu eagle3-auto eagle3-dynamic medusa ngram lookahead hybrid-cpu \
+	eagle2-dynamic eagle2-dynamic-bf16 eagle1-static eagle3-cpu eagle3-auto eagle3-dynamic medusa ngram lookahead hybrid-cpu hybrid-auto \
 	chain-draft-model self-draft
 specbench: setup
 	$(BIN)/eagle bench --prompts $(SPEC_BENCH) --per-category $(SPEC_PER_CATEGORY) --max-new-tokens 128 \

@@ -7,8 +7,9 @@ with. Writes a JSON trace and a plot (chosen tree size against step) for docs/tr
 
 The first prompt is generated once untimed first (warm-up: compilation and the first calibration),
 then every prompt once, traced. Each step records what the policy expected it to accept (the sum of
-the verified nodes' values) beside what it accepted; ``--table-only`` holds the calibration's recent
-factor at 1 (the pooled band table alone).
+the verified nodes' values) beside what it accepted, and the time its objective counted on (the
+measured overhead, drafted levels and verification bucket) beside what the step took;
+``--table-only`` holds the calibration's recent factor at 1 (the pooled band table alone).
 
 ``--children``: instead, what predicts the chance that an accepted node's drafted children hold the
 next accepted token (the ``child`` of the policy's depth rule): every step drafts all ``depth``
@@ -76,7 +77,9 @@ def main(argv=None) -> int:
         made = policy.grown(tree)
         steps.append({"depth": int(tree.depth.max()), "nodes": len(tree), "accepted": len(path) - 1,
                       "expected": made.expected if made is not None else 0.0,
-                      "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s})
+                      "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s,
+                      "step_ms": 1000 * (draft_s + verify_s + other_s),
+                      "predicted_ms": 1000 * made.seconds if made is not None else 0.0})
         observe(tree, path, draft_s, verify_s, other_s)
 
     policy.observe = traced
@@ -88,12 +91,17 @@ def main(argv=None) -> int:
         start = len(steps)
         out = dec.generate(encode_conversation(tok, q.turns[:1]), args.max_new_tokens)
         mine = steps[start:]
-        per_step = {key: sum(s[key] for s in mine) / max(len(mine), 1) for key in ("accepted", "expected")}
+        keys = ("accepted", "expected", "step_ms", "predicted_ms")
+        per_step = {key: sum(s[key] for s in mine) / max(len(mine), 1) for key in keys}
         runs.append({"subtask": sub, "question_id": q.question_id, "steps": [start, len(steps)], "tau": out.stats.tau,
-                     "accepted_per_step": per_step["accepted"], "expected_per_step": per_step["expected"]})
+                     **{f"{key}_per_step": per_step[key] for key in keys}})
         print(f"{sub}: tau {out.stats.tau:.2f}, {len(mine)} steps, drafted tokens accepted per step "
-              f"{per_step['accepted']:.2f} (expected {per_step['expected']:.2f})", file=sys.stderr)
+              f"{per_step['accepted']:.2f} (expected {per_step['expected']:.2f}), a step's ms "
+              f"{per_step['step_ms']:.1f} (expected {per_step['predicted_ms']:.1f})", file=sys.stderr)
+    from eagle.bench import draft_precisions
+
     trace = {"config": cfg.name, "command": "python experiments/tree_policy_trace.py " + " ".join(argv or sys.argv[1:]),
+             "draft_dtype": draft_precisions({cfg.name: dec}, [cfg]).get(cfg.name),
              "runs": runs, "steps": steps, "policy": policy.report()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -353,6 +353,8 @@ def test_tree_policy_trace_runs_on_a_tiny_target(tiny_target, tmp_path):
     assert grown and all(0 < s["expected"] <= s["nodes"] - 1 for s in grown)
     assert t["runs"][0]["expected_per_step"] == pytest.approx(
         sum(s["expected"] for s in t["steps"][: t["runs"][0]["steps"][1]]) / t["runs"][0]["steps"][1])
+    # the objective's time of a grown step: its measured parts, so positive once the warm-up measured them
+    assert all(s["predicted_ms"] > 0 and s["step_ms"] >= s["verify_ms"] for s in grown)
     assert trace.main(["--config", str(ROOT / "experiments/configs/eagle2-cpu.yaml"), "--prompts",
                        str(tmp_path / "q.jsonl")]) == 2  # not an auto tree
     # --children: full trees; the self drafter's children always hold the next token, at every depth

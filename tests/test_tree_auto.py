@@ -150,6 +150,9 @@ def test_grown_trees_are_well_formed_and_keep_the_most_valuable_nodes(seed):
         # each node's value is its parent's times the calibrated rate of its edge, so never above it
         q = p.last.q
         assert len(q) == T and torch.all((q[1:] > 0) & (q[1:] <= 1))
+        # the time the objective counted on: the overhead and verification of this tree, plus its levels
+        fixed = p.costs.overhead.value + p.costs.verify_s(T)
+        assert fixed + p.costs.draft_s(int(tree.depth.max())) - 1e-12 <= p.last.seconds <= fixed + p.costs.draft_s(5) + 1e-12
         p.observe(tree, [0], 0.005, 0.02, 0.001)
     assert p.last is None and p.costs.overhead.value is not None
 
@@ -178,7 +181,7 @@ def test_a_shape_auto_config_needs_a_tree_growing_drafter(tmp_path):
         load_config(tmp_path / "c.yaml")
 
 
-@pytest.mark.parametrize("config", ["eagle2-auto", "eagle3-auto"])
+@pytest.mark.parametrize("config", ["eagle2-auto", "eagle3-auto", "hybrid-auto"])
 def test_shipped_auto_configs_load(config):
     from pathlib import Path
 

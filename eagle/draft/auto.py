@@ -246,6 +246,7 @@ class _Proposal:
     q: torch.Tensor  # (T,) edge draft probabilities of the verified nodes
     levels_s: float  # seconds of the drafted levels
     expected: float  # the drafted tokens the verification is expected to accept (sum of the values)
+    seconds: float  # the step's time the objective counted on (overhead + drafted levels + verification)
 
 
 class AutoTreePolicy:
@@ -357,7 +358,8 @@ class AutoTreePolicy:
         n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels), step_up)
         # best n by value; ties towards the earlier (shallower) node, closed under ancestors
         keep = select_dynamic(value.log().float(), parents, n)
-        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()))
+        seconds = (self.costs.overhead.value or 0.0) + self.costs.draft_s(len(levels)) + self.costs.verify_s(n + 1)
+        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()), seconds)
         return Tree(tokens, parents, None, scores).select(keep)
 
     def report(self) -> dict:
