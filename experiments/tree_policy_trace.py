@@ -46,6 +46,7 @@ def main(argv=None) -> int:
                     help="instead: child acceptance by depth, draft probability and subtask, on full trees")
     args = ap.parse_args(argv)
     import eagle
+    from eagle.bench import draft_precisions
     from eagle.prompts import PromptFileError, encode_conversation, load_questions
 
     try:
@@ -98,8 +99,6 @@ def main(argv=None) -> int:
         print(f"{sub}: tau {out.stats.tau:.2f}, {len(mine)} steps, drafted tokens accepted per step "
               f"{per_step['accepted']:.2f} (expected {per_step['expected']:.2f}), a step's ms "
               f"{per_step['step_ms']:.1f} (expected {per_step['predicted_ms']:.1f})", file=sys.stderr)
-    from eagle.bench import draft_precisions
-
     trace = {"config": cfg.name, "command": "python experiments/tree_policy_trace.py " + " ".join(argv or sys.argv[1:]),
              "draft_dtype": draft_precisions({cfg.name: dec}, [cfg]).get(cfg.name),
              "runs": runs, "steps": steps, "policy": policy.report()}

@@ -297,19 +297,23 @@ class AutoTreePolicy:
         self.last = None
 
     # ---- the objective ------------------------------------------------------------------------
+    def step_s(self, levels: int, n: int) -> float:
+        """Seconds of a step that drafts ``levels`` levels and verifies ``n`` drafted nodes (and the
+        root): the measured overhead, those levels and the verification bucket of ``n + 1`` nodes."""
+        return (self.costs.overhead.value or 0.0) + self.costs.draft_s(levels) + self.costs.verify_s(n + 1)
+
     def best_count(self, values: torch.Tensor, levels: int, step_up: bool = False) -> tuple[int, float]:
         """``(n, rate)``: how many of the nodes with ``values`` (sorted descending) to verify after
         ``levels`` drafted levels, and the expected tokens per second of that step. ``step_up``: the
         next larger candidate count instead of the best (where there is one), to measure its bucket."""
         N = min(len(values), self.max_nodes - 1)
         gain = [0.0] + values[:N].cumsum(0).tolist()  # [n] = expected accepted tokens of the n best
-        fixed = (self.costs.overhead.value or 0.0) + self.costs.draft_s(levels)
         # a bucket costs the same for any n in it and values are positive: only the largest n of each
         # bucket can be best
         counts = sorted({0} | {min(b - 1, N) for b in self.costs.buckets})
         rates = []
         for n in counts:
-            t = fixed + self.costs.verify_s(n + 1)
+            t = self.step_s(levels, n)
             rates.append((1 + gain[n]) / t if t > 0 else 1 + gain[n])
         i = max(range(len(counts)), key=lambda j: (rates[j], -j))  # the best; ties: the fewer nodes
         if step_up and i + 1 < len(counts):
@@ -358,8 +362,7 @@ class AutoTreePolicy:
         n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels), step_up)
         # best n by value; ties towards the earlier (shallower) node, closed under ancestors
         keep = select_dynamic(value.log().float(), parents, n)
-        seconds = (self.costs.overhead.value or 0.0) + self.costs.draft_s(len(levels)) + self.costs.verify_s(n + 1)
-        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()), seconds)
+        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()), self.step_s(len(levels), n))
         return Tree(tokens, parents, None, scores).select(keep)
 
     def report(self) -> dict:
