@@ -80,8 +80,21 @@ def main(argv=None) -> int:
                       "expected": made.expected if made is not None else 0.0,
                       "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s,
                       "step_ms": 1000 * (draft_s + verify_s + other_s),
-                      "predicted_ms": 1000 * made.seconds if made is not None else 0.0})
+                      "predicted_ms": 1000 * made.seconds if made is not None else 0.0,
+                      "shallower": shallower(made)})
         observe(tree, path, draft_s, verify_s, other_s)
+
+    def shallower(made) -> list[dict]:
+        """Per number of levels up to those drafted: the best count of the nodes drafted by then and
+        the rate the objective gives it (tokens/s), with the costs and calibration the step was
+        chosen with (what the depth rule could have stopped at)."""
+        if made is None:
+            return []
+        out = []
+        for levels, end in enumerate(made.level_ends, 1):
+            n, rate = policy.best_count(made.values[1:end].sort(descending=True).values, levels)
+            out.append({"levels": levels, "nodes": n, "rate": rate})
+        return out
 
     policy.observe = traced
     first = next(iter(picked.values()))
@@ -95,10 +108,12 @@ def main(argv=None) -> int:
         keys = ("accepted", "expected", "step_ms", "predicted_ms")
         per_step = {key: sum(s[key] for s in mine) / max(len(mine), 1) for key in keys}
         runs.append({"subtask": sub, "question_id": q.question_id, "steps": [start, len(steps)], "tau": out.stats.tau,
-                     **{f"{key}_per_step": per_step[key] for key in keys}})
+                     **{f"{key}_per_step": per_step[key] for key in keys}, **depth_rule(mine)})
         print(f"{sub}: tau {out.stats.tau:.2f}, {len(mine)} steps, drafted tokens accepted per step "
               f"{per_step['accepted']:.2f} (expected {per_step['expected']:.2f}), a step's ms "
-              f"{per_step['step_ms']:.1f} (expected {per_step['predicted_ms']:.1f})", file=sys.stderr)
+              f"{per_step['step_ms']:.1f} (expected {per_step['predicted_ms']:.1f}); steps where the objective "
+              f"rated stopping earlier higher: {runs[-1]['shallower_better']:.0%} (by {runs[-1]['shallower_gain']:.1%} "
+              f"on them)", file=sys.stderr)
     trace = {"config": cfg.name, "command": "python experiments/tree_policy_trace.py " + " ".join(argv or sys.argv[1:]),
              "draft_dtype": draft_precisions({cfg.name: dec}, [cfg]).get(cfg.name),
              "runs": runs, "steps": steps, "policy": policy.report()}
@@ -129,6 +144,22 @@ def main(argv=None) -> int:
     return 0
 
 
+def depth_rule(steps: list[dict]) -> dict:
+    """How often the objective itself rated a tree of fewer levels (from the nodes drafted by then)
+    above the one verified, and by how much on those steps: the depth rule's own misses."""
+    better, gains = 0, []
+    for s in steps:
+        alts = s["shallower"]
+        if not alts:
+            continue
+        best = max(alts[:-1], key=lambda a: a["rate"], default=None)
+        if best is not None and best["rate"] > alts[-1]["rate"]:
+            better += 1
+            gains.append(best["rate"] / alts[-1]["rate"] - 1)
+    drafted = sum(1 for s in steps if s["shallower"])
+    return {"shallower_better": better / max(drafted, 1), "shallower_gain": sum(gains) / max(len(gains), 1)}
+
+
 def _fifth(q: float) -> str:
     """The fifth of [0, 1] that ``q`` falls in, e.g. ``"0.4-0.6"``."""
     lo = min(int(q * 5), 4) / 5
@@ -143,7 +174,7 @@ def children_table(dec, tok, picked: dict, max_new_tokens: int, out: Path, name:
 
     policy = dec.tree_policy
     # the bounds as the tree: every level drafted, the most valuable total_tokens nodes verified
-    policy.worth_another_level = lambda values, frontier_values, levels: True
+    policy.worth_another_level = lambda *args: True
     policy.best_count = lambda values, levels, step_up=False: (min(len(values), policy.max_nodes - 1), 1.0)
     rows: list[tuple] = []  # (subtask, depth, own draft probability, a child accepted)
     observe, current = policy.observe, [""]

@@ -355,6 +355,11 @@ def test_tree_policy_trace_runs_on_a_tiny_target(tiny_target, tmp_path):
         sum(s["expected"] for s in t["steps"][: t["runs"][0]["steps"][1]]) / t["runs"][0]["steps"][1])
     # the objective's time of a grown step: its measured parts, so positive once the warm-up measured them
     assert all(s["predicted_ms"] > 0 and s["step_ms"] >= s["verify_ms"] for s in grown)
+    # the objective's rates of stopping after 1..depth levels: one per drafted level, the last one the
+    # verified tree's (as grown, its nodes no more than the drafted tree holds)
+    assert all([a["levels"] for a in s["shallower"]] == list(range(1, len(s["shallower"]) + 1)) for s in grown)
+    assert all(len(s["shallower"]) >= s["depth"] and s["shallower"][-1]["nodes"] <= 6 for s in grown)
+    assert all(0.0 <= r["shallower_better"] <= 1.0 for r in t["runs"])
     assert trace.main(["--config", str(ROOT / "experiments/configs/eagle2-cpu.yaml"), "--prompts",
                        str(tmp_path / "q.jsonl")]) == 2  # not an auto tree
     # --children: full trees; the self drafter's children always hold the next token, at every depth

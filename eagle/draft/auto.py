@@ -22,9 +22,10 @@ Objective: expected tokens per second of the step about to run,
 
 Growing: level by level like EAGLE-2 (the ``top_k`` most valuable frontier nodes expanded with
 their ``top_k`` best children each), at most ``depth`` levels. After each level it asks whether the
-next one is worth its time: the next level can add at most ``a * value(f)`` for each frontier node
-``f`` (``a``: the chance, measured over the recent steps, that an accepted node's drafted children
-hold the next accepted token); drafting stops when even that gain does not raise the best rate. Then it
+next one is worth its time: each frontier node ``f`` is expected to bring ``top_k`` children of values
+``value(f) * p_r`` (``p_r``: the calibrated acceptance the level just drafted gave its rank-``r``
+children, averaged over its parents), and drafting stops when the best rate with those nodes, at one
+more level's cost, is not above the best rate now. Then it
 verifies the best ``n`` nodes, with ``n`` the count (at most ``total_tokens``) that maximises the
 rate, which is always a bucket boundary or everything drafted. ``n = 0`` (a plain step) is allowed.
 Every ``EXPLORE``-th step drafts one level more than the rate asks for, and every other one verifies
@@ -62,8 +63,9 @@ class Calibration:
     over what the table expected of them, over the recent steps (each observation's weight decays
     by ``1 - 1/recent_window`` per later one; prior: 2 nodes at 1.0).
 
-    It also keeps ``child()``: how often an accepted node with drafted children had one of them
-    accepted, over the recent steps (decaying by ``1 - 1/child_window``). That chance hardly depends
+    It also keeps ``child()``, reported with the policy's state (``eagle generate -v``, the bench
+    JSON): how often an accepted node with drafted children had one of them accepted, over the
+    recent steps (decaying by ``1 - 1/child_window``). That chance hardly depends
     on the depth or on the node's own draft probability, but it moves with the text: on the same
     first turns, 0.91 for math reasoning, 0.40 for summarization, 0.55 for MT-bench, and 0.59-0.71
     at depths 0-3 over all of them."""
@@ -247,6 +249,8 @@ class _Proposal:
     levels_s: float  # seconds of the drafted levels
     expected: float  # the drafted tokens the verification is expected to accept (sum of the values)
     seconds: float  # the step's time the objective counted on (overhead + drafted levels + verification)
+    values: torch.Tensor  # (N,) the calibrated value of every drafted node (root first), verified or not
+    level_ends: list[int]  # the pool's size after each drafted level (values[:level_ends[L - 1]]: L levels)
 
 
 class AutoTreePolicy:
@@ -320,12 +324,14 @@ class AutoTreePolicy:
             i += 1
         return counts[i], rates[i]
 
-    def worth_another_level(self, values: torch.Tensor, frontier_values: torch.Tensor, levels: int) -> bool:
-        """Whether drafting level ``levels + 1`` can pay: the best rate with the nodes so far
-        against the best rate with, in addition, the most the next level can add (``child()`` of
-        each frontier node's value) at one more level's cost."""
+    def worth_another_level(self, values: torch.Tensor, frontier_values: torch.Tensor, levels: int,
+                            profile: torch.Tensor) -> bool:
+        """Whether drafting level ``levels + 1`` is expected to pay: the best rate with the nodes so
+        far against the best rate with, in addition, the nodes the next level is expected to bring
+        (each frontier node's value x ``profile``: the calibrated acceptance the level just drafted
+        gave its children, rank by rank) at one more level's cost."""
         _, now = self.best_count(values.sort(descending=True).values, levels)
-        extra = frontier_values * self.calibration.child()
+        extra = (frontier_values[:, None] * profile[None, :]).flatten()  # (F * k,)
         _, then = self.best_count(torch.cat([values, extra]).sort(descending=True).values, levels + 1)
         return then > now
 
@@ -339,6 +345,7 @@ class AutoTreePolicy:
         value = torch.ones(1, dtype=torch.float64)  # (N,) calibrated chance of acceptance
         frontier = torch.tensor([0], dtype=torch.long)  # (F,)
         levels: list[float] = []
+        level_ends: list[int] = []
         self.steps += 1
         explore = self.steps % self.EXPLORE == 0  # keeps the deeper levels' costs and acceptance measured
         step_up = self.steps % self.EXPLORE == self.EXPLORE // 2  # keeps the larger buckets' costs measured
@@ -348,13 +355,16 @@ class AutoTreePolicy:
             n0 = len(tokens)
             tokens, parents, scores, logq = add_level(tokens, parents, scores, frontier, logits, top_k, vocab_map)
             levels.append(time.perf_counter() - t0)
+            level_ends.append(len(tokens))
             q = torch.cat([q, logq.exp().flatten()])
-            new_value = (value[frontier][:, None] * self.calibration.rate(logq.exp())).flatten()  # (F * k,)
+            rates = self.calibration.rate(logq.exp())  # (F, k) children's calibrated acceptance
+            new_value = (value[frontier][:, None] * rates).flatten()  # (F * k,)
             value = torch.cat([value, new_value])
             if d + 1 == depth:
                 break
             frontier = (n0 + torch.sort(-new_value, stable=True).indices[:top_k]).sort().values
-            if not self.worth_another_level(value[1:], value[frontier], len(levels)):
+            profile = rates.sort(dim=-1, descending=True).values.mean(0)  # (k,) per child rank
+            if not self.worth_another_level(value[1:], value[frontier], len(levels), profile):
                 if not explore:
                     break
                 explore = False
@@ -362,7 +372,8 @@ class AutoTreePolicy:
         n, _ = self.best_count(value[1:].sort(descending=True).values, len(levels), step_up)
         # best n by value; ties towards the earlier (shallower) node, closed under ancestors
         keep = select_dynamic(value.log().float(), parents, n)
-        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()), self.step_s(len(levels), n))
+        self.last = _Proposal(q[keep], sum(levels), float(value[keep][1:].sum()), self.step_s(len(levels), n),
+                              value, level_ends)
         return Tree(tokens, parents, None, scores).select(keep)
 
     def report(self) -> dict:
