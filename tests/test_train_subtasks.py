@@ -191,6 +191,36 @@ def test_subtask_rows_read_back_and_are_deterministic(tmp_path):
     assert all(r.rstrip().endswith("please") for r in rag)  # the question comes after the passages
 
 
+def test_word_problems_and_extraction_and_the_appended_part():
+    """The second part's kinds: word problems with whole answers, documents to extract from; a
+    part with other counts and seed leaves the first part's rows (and ids) as they were."""
+    import random
+    import re
+
+    first = sp.make_subtask_prompts(_answers(), None, None, {"summarization": 4, "rag": 3}, seed=0)
+    more = sp.make_subtask_prompts(_answers(), None, None, {"math": 40, "extraction": 5, "rag": 2}, seed=1,
+                                   start=len(first))
+    assert first == sp.make_subtask_prompts(_answers(), None, None, {"summarization": 4, "rag": 3}, seed=0)
+    assert [r["id"] for r in first + more] == [f"sub-{i:05d}" for i in range(len(first) + len(more))]
+    assert {c: sum(r["category"] == c for r in more) for c in ("math", "extraction", "rag")} == \
+        {"math": 40, "extraction": 5, "rag": 2}
+    math = [r["prompt"] for r in more if r["category"] == "math"]
+    assert len(set(math)) > 30 and all("?" in q and re.search(r"\d", q) for q in math)
+    docs = {a["answer"] for a in _answers()}
+    assert all(any(d in r["prompt"] for d in docs) for r in more if r["category"] == "extraction")
+    rng = random.Random(5)
+    for _ in range(300):  # change is never negative, a quarter of the money is whole
+        q = sp.word_problem(rng)
+        m = re.search(r"for \$(\d+)\. \w+ buys (\d+) of them and pays with a \$(\d+) bill", q)
+        if m:
+            assert int(m[1]) * int(m[2]) <= int(m[3])
+        m = re.search(r"had \$(\d+)\. \w+ spent a quarter", q)
+        if m:
+            assert int(m[1]) % 4 == 0
+    with pytest.raises(ValueError, match="unknown prompt kinds \\['poetry'\\]"):
+        sp.make_subtask_prompts(_answers(), None, None, {"poetry": 1})
+
+
 def test_data_only_also_builds_the_replayed_data(tmp_path, model):
     """`eagle train --data-only` runs the replayed config's data stage too, not only the run's."""
     own = _jsonl(tmp_path / "own.jsonl", [{"prompt": "own question"}])
