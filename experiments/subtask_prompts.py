@@ -285,7 +285,7 @@ def make_subtask_prompts(answers: list[dict], model, tok, counts: dict[str, int]
                 and _germanish(g) and not _repetitive(g, 2, 0.9)][:n_tr]
         rows += [{"category": "translation", "prompt": FROM_GERMAN.format(s=g)} for g in kept]
     rows += [{"category": "math", "prompt": word_problem(rng)} for _ in range(counts.get("math", 0))]
-    for i in range(counts.get("extraction", 0)):
+    for _ in range(counts.get("extraction", 0)):
         doc = _passages(prose, rng, 1)[0]["answer"]
         rows.append({"category": "extraction", "prompt": rng.choice(EXTRACT).format(p=doc)})
     rng.shuffle(rows)
