@@ -71,12 +71,31 @@ def test_shipped_train_config_loads(path):
     cfg = load_train_config(path)
     data = yaml.safe_load(path.read_text())
     for key, value in data.items():
-        if key in ("data_dir", "out_dir"):  # "~" is expanded
+        if key in ("data_dir", "out_dir", "tokens_dir", "export", "init_from"):  # "~" is expanded
             value = os.path.expanduser(value)
         assert getattr(cfg, key) == value
     # a training config is not a decoding config: the strict loader names the first stray key
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(path)
+
+
+def test_train_config_paths_expand_home(tmp_path):
+    """Every folder or file a training run writes or reads may start with "~" (runs kept outside
+    the work tree): none of them is taken literally, which would create a folder named "~"."""
+    from eagle.train.distill import load_distill_config
+    from eagle.train.trainer import load_train_config
+
+    home = os.path.expanduser("~")
+    paths = {"data_dir": "~/d", "tokens_dir": "~/t", "out_dir": "~/o", "export": "~/e", "init_from": "~/i"}
+    f = tmp_path / "train.yaml"
+    f.write_text(yaml.safe_dump(paths))
+    cfg = load_train_config(f)
+    for key, value in paths.items():
+        assert getattr(cfg, key) == home + value[1:]
+    f = tmp_path / "distill.yaml"
+    f.write_text(yaml.safe_dump({"out_dir": "~/o", "export": "~/e"}))
+    d = load_distill_config(f)
+    assert (d.out_dir, d.export) == (home + "/o", home + "/e")
 
 
 def test_shipped_config_values():

@@ -60,6 +60,8 @@ class DistillConfig:
     export_dtype: str = "float16"
 
     def validate(self) -> None:
+        for name in ("out_dir", "export"):  # "~/...": as the head's training config does
+            setattr(self, name, os.path.expanduser(getattr(self, name)))
         if self.num_prompts < 0:
             raise ConfigError("num_prompts must be >= 0 (0 = all)")
         if not self.init_layers:

@@ -106,7 +106,7 @@ class TrainConfig:
     def validate(self) -> None:
         # "~/..." folders: long data and training runs can live outside the work tree (e.g. under
         # ~/.cache/eagle), where a fresh checkout of the repository does not remove them
-        for name in ("data_dir", "out_dir", "tokens_dir"):
+        for name in ("data_dir", "out_dir", "tokens_dir", "export", "init_from"):
             setattr(self, name, os.path.expanduser(getattr(self, name)))
         if self.head not in HEAD_TYPES:
             raise ConfigError(f"head must be one of {', '.join(HEAD_TYPES)}, got '{self.head}'")
