@@ -281,7 +281,7 @@ def render(results: Path) -> str:
              "data. Every speed is a ratio against plain decoding measured in the same process on the same prompts. "
              "The CPU backend's design decisions and their measurements: [cpu-backend.md](cpu-backend.md); "
              "the standard ablations: [ablations.md](ablations.md); Spec-Bench: [specbench.md](specbench.md); the "
-             "tree policy: [tree-policy.md](tree-policy.md); the lesson's measurements: [lesson.md](lesson.md).", ""]
+             "tree policy: [tree-policy.md](tree-policy.md); the draft head's acceptance: [acceptance.md](acceptance.md); the lesson's measurements: [lesson.md](lesson.md).", ""]
     lines += machine + bench_section(bench) + curve + peer_section(results)
     lines += learning_curve_section(results / "learning_curve") + vocab_section(results) + medusa_section(results)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -136,9 +136,10 @@ def subtask_head_table(sweep: dict) -> list[str]:
     return sweep_table(sweep, "A head trained on the subtasks' kinds of work",
                        "`heads/smollm2-135m-subtasks` is `heads/smollm2-135m` fine-tuned on prompts that do what "
                        "the subtasks do (articles to summarize, passages to answer from, follow-ups, German to "
-                       "translate; written from the target's own answers by `experiments/subtask_prompts.py`) with "
-                       "part of its original data replayed (`eagle train --config "
-                       "experiments/configs/train-smollm2-subtasks.yaml`). Both heads under eagle2-cpu and "
+                       "translate; written from the target's own answers by `experiments/subtask_prompts.py`), answered "
+                       "greedily by the target, with part of its original data replayed (`eagle train --config "
+                       "experiments/configs/train-smollm2-subtasks.yaml`; what each choice of that recipe does: "
+                       "[acceptance.md](acceptance.md)). Both heads under eagle2-cpu and "
                        "eagle2-auto, one sweep (the ablation `experiments/ablations/subtask-head.yaml`; on chat "
                        "prompts: `subtask-head-chat.yaml`, [ablations.md](ablations.md)).",
                        lambda c: c["cell"])

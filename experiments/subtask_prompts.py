@@ -22,7 +22,7 @@ The committed file (the shipped head's data) is the first part: ``COUNTS`` rows 
 ``--parts 2`` appends a second, ``MORE_COUNTS`` rows (seed ``s + 1``; the word problems and
 extraction are only there), so a token store that answered the first part stays valid (the data
 stage resumes after the prompts it answered; eagle/train/tokens.py). What training on both parts
-did: docs/tree-policy.md, "Acceptance".
+did: docs/acceptance.md, "Twice the data".
 
     python experiments/subtask_prompts.py --out experiments/data/prompts/subtasks.jsonl [--parts 2]
 
